@@ -1,0 +1,42 @@
+"""trimq's wire protocol and data formats, sans-IO: no trio, no sockets (docs/PROTOCOL.md, docs/STORAGE.md)."""
+
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
+from protocol.errors import (
+    EmptyFrameError,
+    FieldTypeError,
+    FrameTooLargeError,
+    MalformedPayloadError,
+    MissingFieldError,
+    NotAMapError,
+    ProtocolError,
+    RecordError,
+)
+from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from protocol.message import Message, MessageConst, MessageExt, decode_properties, encode_properties
+from protocol.message_queue import MessageQueue
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "FLAG_ONEWAY",
+    "FLAG_RESPONSE",
+    "EmptyFrameError",
+    "FieldTypeError",
+    "FrameDecoder",
+    "FrameTooLargeError",
+    "MalformedPayloadError",
+    "Message",
+    "MessageConst",
+    "MessageExt",
+    "MessageQueue",
+    "MissingFieldError",
+    "NotAMapError",
+    "ProtocolError",
+    "RecordError",
+    "RemotingCommand",
+    "RequestCode",
+    "ResponseCode",
+    "decode_properties",
+    "encode_frame",
+    "encode_properties",
+]

@@ -1,0 +1,116 @@
+"""The broker process: one RemotingServer plus the services that answer its requests.
+
+A service is an object with ``name``, ``async start()`` (load state; services start in list order, so the
+store is open before anything that needs it), ``async run(task_status)`` (its background loops, cancelled on
+stop) and ``async stop()`` (persist; called in reverse order after the server drained). Services register
+their request handlers on ``broker.server`` in their constructors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import trio
+
+from broker.config import BrokerConfig
+from broker.server import RemotingServer
+from protocol.address import format_address, parse_address
+from protocol.logs import get_logger
+
+log = get_logger("trimq.broker")
+
+
+class BrokerService(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Broker:
+    """A broker: ``async with open_broker(config) as broker`` in tests, ``await broker.run()`` in the daemon."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        config.validate()
+        self.config = config
+        self.server = RemotingServer(
+            name=config.broker_name,
+            max_frame_bytes=config.max_frame_bytes,
+            max_connections=config.max_connections,
+            shutdown_grace_s=config.shutdown_grace_ms / 1000,
+        )
+        self.services: list[BrokerService] = []
+        self.components: dict[str, Any] = {}
+        self.started = trio.Event()
+        from broker.services import build_services
+
+        build_services(self)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` actually listened on (valid once started)."""
+        return self.server.address
+
+    def component(self, name: str) -> Any:
+        """A named component (``store``, ``consumer_manager``, ``lock_manager``, ...)."""
+        return self.components[name]
+
+    def shutdown(self) -> None:
+        """Begin a graceful stop."""
+        self.server.shutdown()
+
+    async def run(self, *, task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every service, serve until ``shutdown()``, then stop services in reverse order."""
+        host, port = parse_address(self.config.listen)
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        started: list[BrokerService] = []
+        try:
+            for svc in self.services:
+                await svc.start()
+                started.append(svc)
+            async with trio.open_nursery() as background:
+                for svc in self.services:
+                    await background.start(svc.run)
+                async with trio.open_nursery() as serving:
+                    await serving.start(self.server.serve_listeners, listeners)
+                    self._write_address_file()
+                    log.info("broker.started", broker=self.config.broker_name, address=self.address,
+                             store=self.config.store_dir, flush=self.config.flush_disk_type)
+                    self.started.set()
+                    task_status.started(self)
+                background.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                for svc in reversed(started):
+                    try:
+                        await svc.stop()
+                    except Exception:
+                        log.exception("service.stop_failed", service=svc.name)
+            log.info("broker.stopped", broker=self.config.broker_name)
+
+    def _write_address_file(self) -> None:
+        os.makedirs(self.config.store_dir, exist_ok=True)
+        host, port = self.server.addresses[0]
+        path = os.path.join(self.config.store_dir, "broker.addr")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(format_address(host, port) + "\n")
+        os.replace(tmp, path)
+
+
+@asynccontextmanager
+async def open_broker(config: BrokerConfig) -> AsyncIterator[Broker]:
+    """Run a broker in the background for the duration of the block (tests, embedding, the demo)."""
+    broker = Broker(config)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(broker.run)
+        try:
+            yield broker
+        finally:
+            broker.shutdown()

@@ -1,0 +1,79 @@
+"""``trimq-broker``: run a broker daemon (optionally with the name server in the same process)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any
+
+import click
+import trio
+
+from broker.config import BrokerConfig, ConfigError, describe_settings, load_settings
+from protocol.logs import configure_logging, get_logger
+
+log = get_logger("trimq.broker.cli")
+
+
+async def run_until_signalled(runner: Any, shutdown: Any) -> None:
+    """Run ``runner(task_status=...)`` and turn SIGINT/SIGTERM into ``shutdown()`` (a graceful stop)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in signals:
+                    log.info("signal.received", signal=signal.Signals(signum).name)
+                    shutdown()
+                    return
+
+            nursery.start_soon(watch)
+            await runner()
+            nursery.cancel_scope.cancel()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:10911; port 0 = any free port).")
+@click.option("--store", "store_dir", help="Store directory (default ./store).")
+@click.option("--namesrv", "namesrv_addr", help="Name server HOST:PORT (several separated by ';').")
+@click.option("--embedded-namesrv", is_flag=True, default=None, help="Serve the name server on this broker's port.")
+@click.option("--broker-name", help="Broker name (default broker-a).")
+@click.option("--cluster-name", help="Cluster name (default DefaultCluster).")
+@click.option("--flush", type=click.Choice(["async", "sync"]), help="ASYNC_FLUSH (default) or SYNC_FLUSH.")
+@click.option("--metrics-port", type=int, help="Prometheus metrics port (0 = off).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file.")
+@click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, embedded_namesrv: bool | None,
+         broker_name: str | None, cluster_name: str | None, flush: str | None, metrics_port: int | None,
+         config_file: str | None, print_config: bool, log_format: str, log_level: str) -> None:
+    """Run a trimq broker until SIGINT/SIGTERM (graceful stop, exit status 0).
+
+    Settings come from defaults, then --config FILE (TOML), then TRIMQ_* environment variables, then flags.
+    The address actually listened on is logged and written to STORE/broker.addr.
+    """
+    configure_logging(log_format, log_level)
+    overrides = {
+        "listen": listen, "store_dir": store_dir, "namesrv_addr": namesrv_addr,
+        "embedded_namesrv": embedded_namesrv, "broker_name": broker_name, "cluster_name": cluster_name,
+        "flush_disk_type": {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH"}.get(flush or ""),
+        "metrics_port": metrics_port,
+    }
+    try:
+        config = load_settings(BrokerConfig, config_file=config_file, overrides=overrides, section="broker")
+    except ConfigError as exc:
+        click.echo(f"trimq-broker: invalid configuration: {exc}", err=True)
+        sys.exit(2)
+    if print_config:
+        click.echo(json.dumps({s["name"]: s["value"] for s in describe_settings(config)}, indent=2))
+        return
+    from broker.broker import Broker
+
+    broker = Broker(config)
+    try:
+        trio.run(run_until_signalled, broker.run, broker.shutdown)
+    except OSError as exc:
+        click.echo(f"trimq-broker: cannot start: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,183 @@
+"""Broker configuration: every setting with its default, its allowed range and what it means.
+
+Sources, weakest first: defaults, a TOML file (``--config``), ``TRIMQ_*`` environment variables, flags.
+An invalid value raises ConfigError naming the setting, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.address import parse_address
+from protocol.frame import DEFAULT_MAX_FRAME_BYTES
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the setting, the value and the allowed range."""
+
+
+def setting(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
+            choices: tuple[Any, ...] | None = None) -> Any:
+    """A dataclass field carrying its documentation and allowed range."""
+    meta = {"doc": doc, "min": min, "max": max, "choices": choices}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class BrokerConfig:
+    """Settings of one broker process (names follow RocketMQ's BrokerConfig/MessageStoreConfig in snake_case)."""
+
+    listen: str = setting("127.0.0.1:10911", "HOST:PORT to listen on; port 0 picks a free port")
+    store_dir: str = setting("./store", "store directory (commitlog/, consumequeue/, config/)")
+    broker_name: str = setting("broker-a", "broker name; distinct per broker of a cluster")
+    cluster_name: str = setting("DefaultCluster", "cluster the broker registers under")
+    namesrv_addr: str = setting("", "name server HOST:PORT list separated by ';' (empty: none)")
+    embedded_namesrv: bool = setting(False, "serve the name server on the broker's own port")
+    flush_disk_type: str = setting("ASYNC_FLUSH", "ASYNC_FLUSH or SYNC_FLUSH", choices=("ASYNC_FLUSH", "SYNC_FLUSH"))
+    flush_interval_ms: int = setting(500, "ASYNC_FLUSH: fsync at least this often", min=1, max=60_000)
+    mapped_file_size_commit_log: int = setting(1024 * 1024 * 1024, "commit-log segment size in bytes",
+                                               min=4096, max=2**31 - 1)
+    mapped_file_size_consume_queue: int = setting(300_000 * 20, "consume-queue file size in bytes (multiple of 20)",
+                                                  min=20 * 16, max=2**31 - 1)
+    max_message_size: int = setting(4 * 1024 * 1024, "largest message record accepted, bytes", min=1024,
+                                    max=64 * 1024 * 1024)
+    max_frame_bytes: int = setting(DEFAULT_MAX_FRAME_BYTES, "largest frame accepted, bytes", min=1024, max=2**31 - 1)
+    max_connections: int = setting(10_000, "concurrent client connections", min=1, max=1_000_000)
+    auto_create_topic_enable: bool = setting(True, "create a topic on first send")
+    default_topic_queue_nums: int = setting(4, "queues of an auto-created topic", min=1, max=1024)
+    long_polling_enable: bool = setting(True, "hold pulls on an empty queue until a message arrives")
+    suspend_timeout_ms: int = setting(15_000, "longest a pull is held when the client asks for no more",
+                                      min=0, max=300_000)
+    register_broker_interval_ms: int = setting(30_000, "re-register with the name server this often",
+                                               min=1_000, max=600_000)
+    shutdown_grace_ms: int = setting(5_000, "on SIGTERM, how long in-flight requests may finish", min=0, max=600_000)
+    metrics_port: int = setting(0, "Prometheus metrics HTTP port; 0 = off", min=0, max=65535)
+    metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
+
+    def validate(self) -> BrokerConfig:
+        """Check every value against its range; raise ConfigError for the first bad one."""
+        validate_dataclass(self)
+        try:
+            parse_address(self.listen)
+        except ValueError as exc:
+            raise ConfigError(f"listen = {self.listen!r}: {exc}") from None
+        for addr in filter(None, self.namesrv_addr.split(";")):
+            try:
+                parse_address(addr)
+            except ValueError as exc:
+                raise ConfigError(f"namesrv_addr = {self.namesrv_addr!r}: {exc}") from None
+        if self.mapped_file_size_consume_queue % 20:
+            raise ConfigError(
+                f"mapped_file_size_consume_queue = {self.mapped_file_size_consume_queue}: must be a multiple of 20"
+            )
+        return self
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flush_disk_type == "SYNC_FLUSH"
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [a for a in self.namesrv_addr.split(";") if a]
+
+
+def validate_dataclass(obj: Any) -> None:
+    """Type- and range-check every field of a settings dataclass from its metadata."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        expected = type(f.default) if f.default is not dataclasses.MISSING else None
+        if expected is bool and not isinstance(value, bool):
+            raise ConfigError(f"{f.name} = {value!r}: must be true or false")
+        if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{f.name} = {value!r}: must be an integer{_range_text(f)}")
+        if expected is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(f"{f.name} = {value!r}: must be a number{_range_text(f)}")
+        if expected is str and not isinstance(value, str):
+            raise ConfigError(f"{f.name} = {value!r}: must be a string")
+        lo, hi, choices = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("choices")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise ConfigError(f"{f.name} = {value!r}: out of range{_range_text(f)}")
+        if choices and value not in choices:
+            raise ConfigError(f"{f.name} = {value!r}: must be one of {', '.join(map(str, choices))}")
+
+
+def _range_text(f: dataclasses.Field[Any]) -> str:
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if lo is None and hi is None:
+        return ""
+    return f" in [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+
+
+def _coerce(f: dataclasses.Field[Any], raw: str) -> Any:
+    """Turn an environment string into the field's type; ConfigError when it cannot be."""
+    kind = type(f.default)
+    if kind is bool:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{f.name} = {raw!r}: must be true or false")
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{f.name} = {raw!r}: must be an integer{_range_text(f)}") from None
+    if kind is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{f.name} = {raw!r}: must be a number{_range_text(f)}") from None
+    return raw
+
+
+def load_settings(cls: type[Any], *, config_file: str | None = None, env_prefix: str = "TRIMQ_",
+                  overrides: dict[str, Any] | None = None, section: str | None = None) -> Any:
+    """Build a settings dataclass from defaults < TOML file < environment < ``overrides`` (flags), validated."""
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    if config_file:
+        try:
+            with open(config_file, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"config file {config_file}: {exc.strerror or exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+        if section is not None:
+            data = data.get(section, data)
+        for k, v in data.items():
+            if isinstance(v, dict):
+                continue  # another daemon's section
+            if k not in names:
+                raise ConfigError(f"config file {config_file}: unknown setting {k!r}")
+            values[k] = v
+    for name, f in names.items():
+        raw = os.environ.get(env_prefix + name.upper())
+        if raw is not None:
+            values[name] = _coerce(f, raw)
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            if k not in names:
+                raise ConfigError(f"unknown setting {k!r}")
+            values[k] = v
+    obj = cls(**values)
+    obj.validate()
+    return obj
+
+
+def describe_settings(obj: Any) -> list[dict[str, Any]]:
+    """Name, value, default, range and doc of every setting (for ``--print-config`` and the docs)."""
+    out = []
+    for f in dataclasses.fields(obj):
+        out.append({
+            "name": f.name, "value": getattr(obj, f.name), "default": f.default, "doc": f.metadata.get("doc", ""),
+            "min": f.metadata.get("min"), "max": f.metadata.get("max"), "choices": f.metadata.get("choices"),
+        })
+    return out

@@ -1,0 +1,10 @@
+"""``trimq-admin``: administer topics, consumer groups, dead letters and the cluster."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Administer a trimq cluster (subcommands arrive with their issues)."""

@@ -1,0 +1,284 @@
+"""The client transport: one connection per address, concurrent requests multiplexed by opaque.
+
+``async with RemotingClient() as rc: resp = await rc.invoke("127.0.0.1:10911", cmd, timeout_s=3)``.
+Each connection has a reader task that routes responses to their waiters by opaque and hands
+server-initiated requests (NOTIFY_CONSUMER_IDS_CHANGED, GET_CONSUMER_RUNNING_INFO) to registered
+handlers, and a writer task that joins queued frames into one ``send_all``. A broken connection fails its
+pending requests with RemotingConnectError and is replaced on the next call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import ssl
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+
+import trio
+
+from protocol.address import parse_address
+from protocol.codes import ResponseCode, code_name
+from protocol.command import RemotingCommand
+from protocol.errors import ProtocolError
+from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from protocol.logs import get_logger
+
+log = get_logger("trimq.remoting")
+
+ServerRequestHandler = Callable[[RemotingCommand, str], Awaitable[RemotingCommand | None]]
+
+
+class RemotingError(Exception):
+    """Base class of transport failures."""
+
+
+class RemotingConnectError(RemotingError):
+    """Could not connect to the address, or the connection broke while the request was outstanding."""
+
+
+class RemotingTimeoutError(RemotingError, TimeoutError):
+    """No response arrived within the request's timeout."""
+
+
+class RemotingClosedError(RemotingError):
+    """The client was closed."""
+
+
+class _Channel:
+    """One connection to one address."""
+
+    def __init__(self, client: RemotingClient, addr: str, stream: trio.abc.Stream) -> None:
+        self.client = client
+        self.addr = addr
+        self.stream = stream
+        self.pending: dict[int, trio.MemorySendChannel[RemotingCommand]] = {}
+        self.closed = False
+        self.cancel_scope = trio.CancelScope()
+        self._out: list[bytes] = []
+        self._wakeup = trio.lowlevel.ParkingLot()
+
+    def send_frame(self, data: bytes) -> None:
+        if self.closed:
+            raise RemotingConnectError(f"connection to {self.addr} is closed")
+        self._out.append(data)
+        self._wakeup.unpark_all()
+
+    async def run(self, handlers: trio.Nursery) -> None:
+        with self.cancel_scope:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer)
+                    await self._reader(handlers)
+                    nursery.cancel_scope.cancel()
+            finally:
+                self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.cancel_scope.cancel()
+        for ch in self.pending.values():
+            ch.close()
+        self.pending.clear()
+        if self.client._channels.get(self.addr) is self:
+            del self.client._channels[self.addr]
+
+    async def _writer(self) -> None:
+        try:
+            while True:
+                if not self._out:
+                    await self._wakeup.park()
+                    continue
+                chunks, self._out = self._out, []
+                await self.stream.send_all(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("connection.broken", addr=self.addr, error=str(exc))
+            self.close()
+
+    async def _reader(self, handlers: trio.Nursery) -> None:
+        decoder = FrameDecoder(self.client.max_frame_bytes)
+        while True:
+            try:
+                data = await self.stream.receive_some(256 * 1024)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+            if not data:
+                return
+            try:
+                cmds = decoder.feed(data)
+            except ProtocolError as exc:
+                log.warning("connection.protocol_error", addr=self.addr, error=str(exc))
+                return
+            for cmd in cmds:
+                if cmd.is_response:
+                    ch = self.pending.pop(cmd.opaque, None)
+                    if ch is not None:
+                        ch.send_nowait(cmd)
+                else:
+                    handlers.start_soon(self._serve_request, cmd)
+
+    async def _serve_request(self, cmd: RemotingCommand) -> None:
+        handler = self.client._handlers.get(cmd.code)
+        resp: RemotingCommand | None
+        if handler is None:
+            resp = RemotingCommand.response_to(
+                cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} is not supported"
+            )
+        else:
+            try:
+                resp = await handler(cmd, self.addr)
+            except Exception as exc:
+                log.exception("server_request.failed", code=code_name(cmd.code, response=False), addr=self.addr)
+                resp = RemotingCommand.response_to(cmd, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        if resp is not None and not cmd.is_oneway and not self.closed:
+            resp.opaque = cmd.opaque
+            resp.flag |= 1
+            try:
+                self.send_frame(encode_frame(resp, self.client.max_frame_bytes))
+            except RemotingError:
+                pass
+
+
+class RemotingClient:
+    """Connections to brokers and name servers, shared by everything in one client process."""
+
+    def __init__(
+        self,
+        *,
+        default_timeout_s: float = 3.0,
+        connect_timeout_s: float = 3.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.default_timeout_s = default_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self.ssl_context = ssl_context
+        self._channels: dict[str, _Channel] = {}
+        self._connecting: dict[str, trio.Lock] = {}
+        self._handlers: dict[int, ServerRequestHandler] = {}
+        self._opaques = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> RemotingClient:
+        self._nursery_manager = trio.open_nursery()
+        self._nursery = await self._nursery_manager.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self._closed = True
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        for ch in list(self._channels.values()):
+            ch.close()
+        return await self._nursery_manager.__aexit__(exc_type, exc, tb)
+
+    def register_handler(self, code: int, handler: ServerRequestHandler) -> None:
+        """Handle requests the server pushes to us with ``code``: ``handler(cmd, addr) -> response | None``."""
+        self._handlers[int(code)] = handler
+
+    @property
+    def connected_addresses(self) -> list[str]:
+        return list(self._channels)
+
+    async def _channel(self, addr: str) -> _Channel:
+        if self._closed or self._nursery is None:
+            raise RemotingClosedError("the remoting client is closed (use it inside `async with`)")
+        ch = self._channels.get(addr)
+        if ch is not None and not ch.closed:
+            return ch
+        lock = self._connecting.setdefault(addr, trio.Lock())
+        async with lock:
+            ch = self._channels.get(addr)
+            if ch is not None and not ch.closed:
+                return ch
+            host, port = parse_address(addr)
+            try:
+                with trio.fail_after(self.connect_timeout_s):
+                    tcp = await trio.open_tcp_stream(host, port)
+                    stream: trio.abc.Stream = tcp
+                    _nodelay(tcp)
+                    if self.ssl_context is not None:
+                        tls = trio.SSLStream(tcp, self.ssl_context, server_hostname=host)
+                        await tls.do_handshake()
+                        stream = tls
+            except trio.TooSlowError:
+                raise RemotingConnectError(f"connecting to {addr} timed out after {self.connect_timeout_s}s") from None
+            except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+                raise RemotingConnectError(f"cannot connect to {addr}: {exc}") from None
+            ch = _Channel(self, addr, stream)
+            self._channels[addr] = ch
+            self._nursery.start_soon(self._run_channel, ch)
+            return ch
+
+    async def _run_channel(self, ch: _Channel) -> None:
+        try:
+            assert self._nursery is not None
+            await ch.run(self._nursery)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(ch.stream)
+
+    async def invoke(self, addr: str, cmd: RemotingCommand, timeout_s: float | None = None) -> RemotingCommand:
+        """Send a request and wait for its response.
+
+        Raises RemotingTimeoutError, RemotingConnectError (connect failed or connection lost meanwhile).
+        The response may carry any response code; checking it is the caller's business.
+        """
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        ch = await self._channel(addr)
+        opaque = next(self._opaques)
+        cmd.opaque = opaque
+        send, recv = trio.open_memory_channel[RemotingCommand](1)
+        ch.pending[opaque] = send
+        try:
+            ch.send_frame(encode_frame(cmd, self.max_frame_bytes))
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    return await recv.receive()
+                except trio.EndOfChannel:
+                    raise RemotingConnectError(
+                        f"connection to {addr} closed while waiting for {code_name(cmd.code, response=False)}"
+                    ) from None
+            assert scope.cancelled_caught
+            raise RemotingTimeoutError(
+                f"{code_name(cmd.code, response=False)} to {addr} got no response within {timeout}s"
+            )
+        finally:
+            ch.pending.pop(opaque, None)
+
+    async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+        """Send a request that expects no response."""
+        ch = await self._channel(addr)
+        cmd.opaque = next(self._opaques)
+        cmd.flag |= 2
+        ch.send_frame(encode_frame(cmd, self.max_frame_bytes))
+
+    def close_address(self, addr: str) -> None:
+        """Drop the connection to ``addr`` (pending requests fail); the next call reconnects."""
+        ch = self._channels.get(addr)
+        if ch is not None:
+            ch.close()
+
+
+def _nodelay(stream: trio.SocketStream) -> None:
+    import socket
+
+    try:
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+
+
+__all__ = [
+    "RemotingClient",
+    "RemotingClosedError",
+    "RemotingConnectError",
+    "RemotingError",
+    "RemotingTimeoutError",
+    "ServerRequestHandler",
+]

@@ -1,0 +1,269 @@
+"""The trio server and client transport against each other over real loopback sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+import trio
+
+from broker.server import Connection, RemotingServer, RequestError
+from client.remoting import RemotingClient, RemotingConnectError, RemotingTimeoutError
+from protocol import RemotingCommand, RequestCode, ResponseCode
+from protocol.frame import FrameDecoder, encode_frame
+
+ECHO = 1000
+SLOW = 1001
+FAIL = 1002
+REFUSE = 1003
+
+
+async def echo(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    return RemotingCommand.response_to(cmd, body=cmd.body)
+
+
+async def slow(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    await trio.sleep(cmd.ext.get("delay", 0.0))
+    return RemotingCommand.response_to(cmd, body=cmd.body)
+
+
+async def fail(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    raise KeyError("boom")
+
+
+async def refuse(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    raise RequestError(ResponseCode.NO_PERMISSION, "not for you")
+
+
+async def start_server(nursery: trio.Nursery, **kw: object) -> RemotingServer:
+    server = RemotingServer(name="test", **kw)  # type: ignore[arg-type]
+    for code, h in ((ECHO, echo), (SLOW, slow), (FAIL, fail), (REFUSE, refuse)):
+        server.register(code, h)
+    await nursery.start(server.serve, "127.0.0.1", 0)
+    return server
+
+
+async def raw_request(addr: tuple[str, int], cmd: RemotingCommand) -> RemotingCommand:
+    stream = await trio.open_tcp_stream(*addr)
+    async with stream:
+        await stream.send_all(encode_frame(cmd))
+        dec = FrameDecoder()
+        while True:
+            data = await stream.receive_some(65536)
+            assert data, "server closed the connection"
+            got = dec.feed(data)
+            if got:
+                return got[0]
+
+
+async def test_malformed_frames_close_only_their_connection() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery)
+        addr = server.addresses[0]
+        async with RemotingClient() as rc:
+            good = server.address
+            assert (await rc.invoke(good, RemotingCommand.request(ECHO, body=b"a"))).body == b"a"
+            bad_payloads = [
+                b"\x00\x00\x00\x05garbage-not-msgpack",
+                struct.pack(">I", 64 * 1024 * 1024),  # oversized length
+                struct.pack(">I", 3) + msgpack.packb([1, 2]),  # not a map
+                struct.pack(">I", 1) + msgpack.packb({}),  # no code
+            ]
+            for payload in bad_payloads:
+                s = await trio.open_tcp_stream(*addr)
+                await s.send_all(payload)
+                with trio.fail_after(5):
+                    while await s.receive_some(1024):
+                        pass  # the server closes it: EOF
+                await s.aclose()
+                resp = await rc.invoke(good, RemotingCommand.request(ECHO, body=b"still"))
+                assert resp.ok and resp.body == b"still"
+            assert server.protocol_errors == len(bad_payloads)
+        server.shutdown()
+
+
+async def test_200_concurrent_requests_on_one_connection_get_their_own_answers() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery)
+        results: dict[int, object] = {}
+        async with RemotingClient() as rc:
+
+            async def one(i: int) -> None:
+                # Later requests finish first, so responses come back out of order.
+                cmd = RemotingCommand.request(SLOW, {"delay": (200 - i) / 20000}, body=i)
+                results[i] = (await rc.invoke(server.address, cmd)).body
+
+            async with trio.open_nursery() as n:
+                for i in range(200):
+                    n.start_soon(one, i)
+            assert len(rc.connected_addresses) == 1
+        assert results == {i: i for i in range(200)}
+        server.shutdown()
+
+
+async def test_unknown_code_failing_handler_and_request_error_keep_the_connection() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery)
+        async with RemotingClient() as rc:
+            r = await rc.invoke(server.address, RemotingCommand.request(4242))
+            assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "4242" in (r.remark or "")
+            r = await rc.invoke(server.address, RemotingCommand.request(FAIL))
+            assert r.code == ResponseCode.SYSTEM_ERROR and r.remark == "KeyError: 'boom'"
+            r = await rc.invoke(server.address, RemotingCommand.request(REFUSE))
+            assert r.code == ResponseCode.NO_PERMISSION and r.remark == "not for you"
+            assert (await rc.invoke(server.address, RemotingCommand.request(ECHO, body=1))).body == 1
+        server.shutdown()
+
+
+async def test_oneway_requests_get_no_answer_and_timeouts_are_specific() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery)
+        async with RemotingClient() as rc:
+            await rc.invoke_oneway(server.address, RemotingCommand.request(ECHO, body=b"x"))
+            with pytest.raises(RemotingTimeoutError, match="no response within"):
+                await rc.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 5.0}), timeout_s=0.05)
+            assert (await rc.invoke(server.address, RemotingCommand.request(ECHO, body=2))).body == 2
+        server.shutdown()
+
+
+async def test_connection_limit_refuses_extra_connections() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery, max_connections=2)
+        addr = server.addresses[0]
+        streams = [await trio.open_tcp_stream(*addr) for _ in range(2)]
+        await trio.sleep(0.05)
+        extra = await trio.open_tcp_stream(*addr)
+        with trio.fail_after(5):
+            assert await extra.receive_some(10) == b""  # closed at once
+        assert server.refused_connections == 1
+        for s in [*streams, extra]:
+            await s.aclose()
+        server.shutdown()
+
+
+async def test_client_reconnects_after_the_server_drops_it() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery)
+        async with RemotingClient() as rc:
+            assert (await rc.invoke(server.address, RemotingCommand.request(ECHO, body=1))).ok
+            for conn in list(server.connections.values()):
+                await conn.stream.aclose()
+            await trio.sleep(0.05)
+            assert (await rc.invoke(server.address, RemotingCommand.request(ECHO, body=2))).body == 2
+        server.shutdown()
+
+
+async def test_connect_error_is_specific() -> None:
+    async with RemotingClient(connect_timeout_s=1) as rc:
+        listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+        port = listener.socket.getsockname()[1]
+        await listener.aclose()
+        with pytest.raises(RemotingConnectError, match="cannot connect"):
+            await rc.invoke(f"127.0.0.1:{port}", RemotingCommand.request(ECHO))
+
+
+async def test_server_initiated_request_reaches_client_handler() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery)
+        async with RemotingClient() as rc:
+
+            async def running_info(cmd: RemotingCommand, addr: str) -> RemotingCommand:
+                return RemotingCommand.response_to(cmd, body={"asked": cmd.ext["consumerGroup"]})
+
+            rc.register_handler(RequestCode.GET_CONSUMER_RUNNING_INFO, running_info)
+            await rc.invoke(server.address, RemotingCommand.request(ECHO))
+            (conn,) = server.connections.values()
+            resp = await conn.request(
+                RemotingCommand.request(RequestCode.GET_CONSUMER_RUNNING_INFO, {"consumerGroup": "g"}), 5
+            )
+            assert resp.body == {"asked": "g"}
+        server.shutdown()
+
+
+async def test_graceful_shutdown_lets_in_flight_requests_finish() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery)
+        async with RemotingClient() as rc:
+            got = []
+
+            async def call() -> None:
+                got.append(await rc.invoke(server.address, RemotingCommand.request(SLOW, {"delay": 0.2}, 7)))
+
+            async with trio.open_nursery() as n:
+                n.start_soon(call)
+                await trio.sleep(0.05)
+                server.shutdown()
+            assert got[0].body == 7
+
+
+def _venv_bin(name: str) -> str:
+    return os.path.join(os.path.dirname(sys.executable), name)
+
+
+def _start_cli_broker(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    store = tmp_path / "store"
+    proc = subprocess.Popen(
+        [_venv_bin("trimq-broker"), "--listen", "127.0.0.1:0", "--store", str(store), "--log-format", "json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    addr_file = store / "broker.addr"
+    deadline = time.monotonic() + 30
+    while not addr_file.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"broker exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("broker did not start")
+        time.sleep(0.05)
+    return proc, addr_file.read_text().strip()
+
+
+def test_sigterm_stops_a_cli_broker_with_status_0(tmp_path: Path) -> None:
+    proc, _ = _start_cli_broker(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    assert rc == 0
+
+
+def test_cli_broker_survives_a_burst_of_malformed_frames_from_many_connections(tmp_path: Path) -> None:
+    proc, addr = _start_cli_broker(tmp_path)
+    host, port = addr.rsplit(":", 1)
+    try:
+        async def burst() -> None:
+            garbage = [b"\xff\xff\xff\xff", b"\x00\x00\x00\x03abc", struct.pack(">I", 1) + b"\x01",
+                       os.urandom(64), struct.pack(">I", 9) + msgpack.packb({"code": "x", "opaque": 1})]
+
+            async def hammer(i: int) -> None:
+                s = await trio.open_tcp_stream(host, int(port))
+                try:
+                    await s.send_all(garbage[i % len(garbage)])
+                    with trio.move_on_after(5):
+                        while await s.receive_some(1024):
+                            pass
+                except trio.BrokenResourceError:
+                    pass
+                finally:
+                    await s.aclose()
+
+            async with trio.open_nursery() as n:
+                for i in range(100):
+                    n.start_soon(hammer, i)
+            async with RemotingClient() as rc:
+                r = await rc.invoke(addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO))
+                assert r.ok and r.body["brokerName"] == "broker-a"
+
+        trio.run(burst)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0

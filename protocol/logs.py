@@ -44,8 +44,9 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
 
 
 def get_logger(name: str) -> Any:
-    """A structlog logger bound with ``logger=name``."""
-    return structlog.get_logger(name).bind(logger=name)
+    """A structlog logger bound with ``component=name``. It stays lazy, so a module-level logger follows a
+    ``configure_logging`` made later (e.g. by the CLI's flags)."""
+    return structlog.get_logger(component=name)
 
 
 class RateLimiter:

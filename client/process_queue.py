@@ -1,0 +1,359 @@
+"""ProcessQueue: the client's per-queue cache of pulled messages, RocketMQ 4.9.3's bookkeeping (FACTS §4).
+
+A pure class: no trio, no I/O, time passed in as milliseconds. The pull loop puts messages in; a
+consume service takes them out (orderly: ``take_messages`` / ``commit`` / ``rollback``; concurrently:
+``remove_message``), and the rebalance reads the flags and timestamps. The consume lock RocketMQ keeps
+inside ProcessQueue is *not* here: the trio layer holds a ``trio.Lock`` beside each instance.
+
+Counts follow RocketMQ 4.9.3 exactly, drift included: ``msg_count``/``msg_size`` count messages as they
+are first cached and are reduced by ``commit`` and ``remove_message`` only; replacing a message at an
+offset already cached keeps the old size; ``remove_message`` subtracts the *argument's* body length.
+(HEAD forces ``msg_size`` to 0 when the count reaches 0; 4.9.3 does not, and neither do we.) A ``None``
+body counts as 0 bytes (4.9.3 would throw).
+
+Differences from RocketMQ, all deliberate:
+
+* ``commit()`` with nothing in flight returns ``-1`` and changes nothing; 4.9.3 throws
+  NoSuchElementException there, which makes its own ``-1`` fallback unreachable.
+* ``clean_expired_msg`` does not call a consumer: it *returns* the expired head messages; the caller
+  sends each back (delay level :data:`ProcessQueue.SEND_BACK_DELAY_LEVEL`) and then calls
+  :meth:`ProcessQueue.remove_if_first` (RocketMQ's "still the first key?" check + removeMessage).
+* An unparseable ``MAX_OFFSET`` or ``CONSUME_START_TIME`` property is ignored (RocketMQ throws
+  NumberFormatException out of putMessage / cleanExpiredMsg).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from sortedcontainers import SortedDict
+
+from protocol.message import MessageConst, MessageExt
+
+__all__ = ["ProcessQueue"]
+
+_JAVA_LONG = re.compile(r"[+-]?[0-9]+")
+_MIB = 1024 * 1024
+
+
+def _parse_java_long(text: str | None) -> int | None:
+    """``Long.parseLong`` for well-formed input; None for absent, empty or malformed text."""
+    if not text or not _JAVA_LONG.fullmatch(text):
+        return None
+    return int(text)
+
+
+def _body_len(msg: MessageExt) -> int:
+    return len(msg.body) if msg.body is not None else 0
+
+
+class ProcessQueue:
+    """RocketMQ's ProcessQueue: cached messages by queue offset, plus the orderly "in flight" subset.
+
+    ``now_ms`` is the creation time; the last lock, pull and consume timestamps start there.
+    Thresholds are class constants (RocketMQ's system-property defaults) that an instance may override.
+    """
+
+    REBALANCE_LOCK_MAX_LIVE_TIME_MS: ClassVar[int] = 30_000
+    """A client lock older than this is expired (strict >). ``rocketmq.client.rebalance.lockMaxLiveTime``."""
+    REBALANCE_LOCK_INTERVAL_MS: ClassVar[int] = 20_000
+    """Period of the orderly lock-renewal task. RocketMQ ``rocketmq.client.rebalance.lockInterval``."""
+    PULL_MAX_IDLE_TIME_MS: ClassVar[int] = 120_000
+    """A queue not pulled for longer than this (strict >) is pull-expired. ``rocketmq.client.pull.pullMaxIdleTime``."""
+    CLEAN_EXPIRED_MAX_ITERATIONS: ClassVar[int] = 16
+    """cleanExpiredMsg looks at most this many head messages per run."""
+    SEND_BACK_DELAY_LEVEL: ClassVar[int] = 3
+    """Delay level RocketMQ uses when it sends an expired message back."""
+
+    def __init__(
+        self,
+        now_ms: int,
+        *,
+        lock_max_live_time_ms: int | None = None,
+        pull_max_idle_time_ms: int | None = None,
+    ) -> None:
+        if isinstance(now_ms, bool) or not isinstance(now_ms, int):
+            raise TypeError(f"now_ms must be an int (milliseconds), got {now_ms!r}")
+        self.lock_max_live_time_ms: int = (
+            self.REBALANCE_LOCK_MAX_LIVE_TIME_MS if lock_max_live_time_ms is None else lock_max_live_time_ms
+        )
+        self.pull_max_idle_time_ms: int = (
+            self.PULL_MAX_IDLE_TIME_MS if pull_max_idle_time_ms is None else pull_max_idle_time_ms
+        )
+        self._msg_tree: SortedDict = SortedDict()  # offset -> MessageExt (msgTreeMap)
+        self._consuming: SortedDict = SortedDict()  # offset -> MessageExt (consumingMsgOrderlyTreeMap)
+        self._msg_count = 0
+        self._msg_size = 0
+        self._queue_offset_max = 0
+        self._msg_acc_cnt = 0
+        self.dropped = False
+        self.locked = False
+        self.consuming = False
+        self.last_pull_timestamp = now_ms
+        self.last_consume_timestamp = now_ms
+        self.last_lock_timestamp = now_ms
+        self.try_unlock_times = 0
+
+    # ------------------------------------------------------------------------------------------
+    # Read-only bookkeeping
+
+    @property
+    def msg_count(self) -> int:
+        """Messages cached and not yet committed/removed (RocketMQ's msgCount)."""
+        return self._msg_count
+
+    @property
+    def msg_size(self) -> int:
+        """Sum of body bytes of those messages (RocketMQ's msgSize, same drift)."""
+        return self._msg_size
+
+    @property
+    def queue_offset_max(self) -> int:
+        """Offset of the last *new* message put, in list order (not a max); 0 initially."""
+        return self._queue_offset_max
+
+    @property
+    def msg_acc_cnt(self) -> int:
+        """Messages still on the broker behind the last pulled one (from its MAX_OFFSET property)."""
+        return self._msg_acc_cnt
+
+    @msg_acc_cnt.setter
+    def msg_acc_cnt(self, value: int) -> None:
+        self._msg_acc_cnt = value
+
+    @property
+    def max_span(self) -> int:
+        """Largest minus smallest cached offset (not counting the in-flight ones); 0 when empty."""
+        if not self._msg_tree:
+            return 0
+        span: int = self._msg_tree.peekitem(-1)[0] - self._msg_tree.peekitem(0)[0]
+        return span
+
+    def has_temp_message(self) -> bool:
+        """True while messages wait to be consumed (in-flight orderly messages do not count)."""
+        return bool(self._msg_tree)
+
+    def is_lock_expired(self, now_ms: int) -> bool:
+        """More than the lock live time (30 s) since the lock was last confirmed by the broker."""
+        return now_ms - self.last_lock_timestamp > self.lock_max_live_time_ms
+
+    def is_pull_expired(self, now_ms: int) -> bool:
+        """More than the pull idle time (120 s) since the last pull."""
+        return now_ms - self.last_pull_timestamp > self.pull_max_idle_time_ms
+
+    def inc_try_unlock_times(self) -> None:
+        """Count one more failed attempt to unlock this queue on the broker."""
+        self.try_unlock_times += 1
+
+    def first_offset(self) -> int | None:
+        """Smallest cached offset (what a concurrent consumer may commit up to), None when empty."""
+        return self._msg_tree.peekitem(0)[0] if self._msg_tree else None
+
+    def last_offset(self) -> int | None:
+        """Largest cached offset, None when empty."""
+        return self._msg_tree.peekitem(-1)[0] if self._msg_tree else None
+
+    def messages(self) -> list[MessageExt]:
+        """The cached messages waiting to be consumed, in offset order (a copy)."""
+        return list(self._msg_tree.values())
+
+    def consuming_messages(self) -> list[MessageExt]:
+        """The orderly in-flight messages (taken, not yet committed or rolled back), in offset order."""
+        return list(self._consuming.values())
+
+    def contains_message(self, msg: MessageExt) -> bool:
+        """Whether ``msg``'s offset is cached, waiting or in flight (RocketMQ HEAD's containsMessage)."""
+        return msg.queue_offset in self._msg_tree or msg.queue_offset in self._consuming
+
+    # ------------------------------------------------------------------------------------------
+    # Mutations
+
+    def put_message(self, msgs: Sequence[MessageExt]) -> bool:
+        """Cache pulled messages; True when the caller should dispatch a consume request.
+
+        Each message is stored by queue offset, replacing any cached one at that offset; only offsets
+        that were not cached count toward ``msg_count``/``msg_size`` and set ``queue_offset_max``. The
+        result is True (and ``consuming`` becomes True) when something is cached and nobody is consuming.
+        The last message's MAX_OFFSET property updates ``msg_acc_cnt`` when it is ahead of that message.
+        """
+        valid = 0
+        for msg in msgs:
+            offset = msg.queue_offset
+            is_new = offset not in self._msg_tree
+            self._msg_tree[offset] = msg
+            if is_new:
+                valid += 1
+                self._queue_offset_max = offset
+                self._msg_size += _body_len(msg)
+        self._msg_count += valid
+
+        dispatch = False
+        if self._msg_tree and not self.consuming:
+            dispatch = True
+            self.consuming = True
+
+        if msgs:
+            last = msgs[-1]
+            max_offset = _parse_java_long(last.properties.get(MessageConst.MAX_OFFSET))
+            if max_offset is not None:
+                acc_total = max_offset - last.queue_offset
+                if acc_total > 0:
+                    self._msg_acc_cnt = acc_total
+        return dispatch
+
+    def take_messages(self, n: int, now_ms: int) -> list[MessageExt]:
+        """Orderly: move up to ``n`` smallest-offset messages in flight and return them in offset order.
+
+        Updates ``last_consume_timestamp``. When nothing was taken, ``consuming`` becomes False (the
+        consume loop ends). Counts are unchanged until :meth:`commit`.
+        """
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"batch size must be an int, got {n!r}")
+        if n < 0:
+            raise ValueError(f"batch size must be >= 0, got {n}")
+        self.last_consume_timestamp = now_ms
+        result: list[MessageExt] = []
+        while len(result) < n and self._msg_tree:
+            offset, msg = self._msg_tree.popitem(0)
+            self._consuming[offset] = msg
+            result.append(msg)
+        if not result:
+            self.consuming = False
+        return result
+
+    def commit(self) -> int:
+        """Orderly: forget the in-flight messages; return the offset to store (largest in flight + 1).
+
+        Returns -1 and changes nothing when nothing is in flight (RocketMQ 4.9.3 throws there).
+        """
+        if not self._consuming:
+            return -1
+        largest: int = self._consuming.peekitem(-1)[0]
+        self._msg_count -= len(self._consuming)
+        self._msg_size -= sum(_body_len(msg) for msg in self._consuming.values())
+        self._consuming.clear()
+        return largest + 1
+
+    def rollback(self) -> None:
+        """Orderly: put every in-flight message back to be consumed again (counts unchanged)."""
+        for offset, msg in self._consuming.items():
+            self._msg_tree[offset] = msg
+        self._consuming.clear()
+
+    def make_message_to_consume_again(self, msgs: Iterable[MessageExt]) -> None:
+        """Orderly: put these messages back to be consumed again (counts unchanged).
+
+        As in RocketMQ, each message is (re)cached even if it was not in flight.
+        """
+        for msg in msgs:
+            self._consuming.pop(msg.queue_offset, None)
+            self._msg_tree[msg.queue_offset] = msg
+
+    def remove_message(self, msgs: Iterable[MessageExt], now_ms: int) -> int:
+        """Concurrently: drop consumed messages; return the offset that is safe to commit.
+
+        Updates ``last_consume_timestamp``. With nothing cached, returns -1 and changes nothing.
+        Otherwise returns the smallest offset still cached, or ``queue_offset_max + 1`` when the cache
+        is now empty. Each actual removal subtracts one message and the *argument's* body length.
+        """
+        self.last_consume_timestamp = now_ms
+        if not self._msg_tree:
+            return -1
+        result = self._queue_offset_max + 1
+        removed = 0
+        for msg in msgs:
+            if self._msg_tree.pop(msg.queue_offset, None) is not None:
+                removed += 1
+                self._msg_size -= _body_len(msg)
+        self._msg_count -= removed
+        if self._msg_tree:
+            result = self._msg_tree.peekitem(0)[0]
+        return result
+
+    def clean_expired_msg(
+        self, now_ms: int, consume_timeout_minutes: int, *, orderly: bool = False
+    ) -> list[MessageExt]:
+        """The head messages whose consumption started more than ``consume_timeout_minutes`` ago.
+
+        RocketMQ looks at most ``min(16, cached)`` times at the *first* cached message and, while its
+        CONSUME_START_TIME property is older than the timeout, sends it back with delay level 3 and
+        removes it if it is still first. This pure version returns those messages in offset order
+        (the first up to 16 consecutive expired ones from the head, stopping at the first that is not
+        expired or has no start time); it changes nothing. The caller, for each in order, sends it back
+        and on success calls :meth:`remove_if_first`; on a failed send it should stop (RocketMQ would
+        retry the same head message on its next iteration). Orderly consumers never clean (``[]``).
+        """
+        if orderly:
+            return []
+        timeout_ms = consume_timeout_minutes * 60 * 1000
+        expired: list[MessageExt] = []
+        for msg in self._msg_tree.values()[: self.CLEAN_EXPIRED_MAX_ITERATIONS]:
+            start = _parse_java_long(msg.properties.get(MessageConst.CONSUME_START_TIME))
+            if start is None or now_ms - start <= timeout_ms:
+                break
+            expired.append(msg)
+        return expired
+
+    def remove_if_first(self, msg: MessageExt, now_ms: int) -> bool:
+        """Remove ``msg`` (via :meth:`remove_message`) only if its offset is still the first cached one.
+
+        Returns whether it was removed. This is cleanExpiredMsg's check after the send-back.
+        """
+        if not self._msg_tree or self._msg_tree.peekitem(0)[0] != msg.queue_offset:
+            return False
+        self.remove_message([msg], now_ms)
+        return True
+
+    def clear(self) -> None:
+        """Forget every message: both maps emptied, ``msg_count``, ``msg_size``, ``queue_offset_max`` zeroed."""
+        self._msg_tree.clear()
+        self._consuming.clear()
+        self._msg_count = 0
+        self._msg_size = 0
+        self._queue_offset_max = 0
+
+    # ------------------------------------------------------------------------------------------
+    # Diagnostics
+
+    def info(self, now_ms: int) -> dict[str, Any]:
+        """A snapshot for admin tools, RocketMQ's fillProcessQueueInfo plus a few trimq extras.
+
+        As in RocketMQ, the ``cached_*`` and ``transaction_*`` fields are 0 when their map is empty, and
+        ``cached_msg_size_in_mib`` is ``msg_size`` in whole MiB (rounded down). ``cached_msg_count`` is
+        the number of cached entries (not ``msg_count``, which also counts the in-flight ones).
+        """
+        cached = bool(self._msg_tree)
+        in_flight = bool(self._consuming)
+        return {
+            "cached_msg_min_offset": self._msg_tree.peekitem(0)[0] if cached else 0,
+            "cached_msg_max_offset": self._msg_tree.peekitem(-1)[0] if cached else 0,
+            "cached_msg_count": len(self._msg_tree),
+            "cached_msg_size_in_mib": self._msg_size // _MIB if cached else 0,
+            "transaction_msg_min_offset": self._consuming.peekitem(0)[0] if in_flight else 0,
+            "transaction_msg_max_offset": self._consuming.peekitem(-1)[0] if in_flight else 0,
+            "transaction_msg_count": len(self._consuming),
+            "locked": self.locked,
+            "try_unlock_times": self.try_unlock_times,
+            "last_lock_timestamp": self.last_lock_timestamp,
+            "dropped": self.dropped,
+            "last_pull_timestamp": self.last_pull_timestamp,
+            "last_consume_timestamp": self.last_consume_timestamp,
+            # trimq extras
+            "msg_count": self._msg_count,
+            "msg_size": self._msg_size,
+            "max_span": self.max_span,
+            "queue_offset_max": self._queue_offset_max,
+            "msg_acc_cnt": self._msg_acc_cnt,
+            "consuming": self.consuming,
+            "lock_expired": self.is_lock_expired(now_ms),
+            "pull_expired": self.is_pull_expired(now_ms),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcessQueue(msg_count={self._msg_count}, msg_size={self._msg_size}, "
+            f"cached={len(self._msg_tree)}, in_flight={len(self._consuming)}, locked={self.locked}, "
+            f"dropped={self.dropped}, consuming={self.consuming})"
+        )

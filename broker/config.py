@@ -59,6 +59,43 @@ class BrokerConfig:
     shutdown_grace_ms: int = setting(5_000, "on SIGTERM, how long in-flight requests may finish", min=0, max=600_000)
     metrics_port: int = setting(0, "Prometheus metrics HTTP port; 0 = off", min=0, max=65535)
     metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
+    # -- storage, send/pull, name server registration (issue 3)
+    broker_ip: str = setting("", "address written into records (store host) and registered with name servers; "
+                                 "empty: the listen host, or 127.0.0.1 when listening on all interfaces")
+    sync_flush_timeout_ms: int = setting(5_000, "SYNC_FLUSH: answer FLUSH_DISK_TIMEOUT after waiting this long",
+                                         min=10, max=600_000)
+    max_transfer_count_on_message_in_memory: int = setting(32, "most messages one pull returns", min=1, max=1024)
+    max_transfer_bytes_on_message_in_memory: int = setting(256 * 1024, "most record bytes one pull returns "
+                                                           "(the first message always goes)", min=1024,
+                                                           max=64 * 1024 * 1024)
+    short_polling_time_ms: int = setting(1_000, "hold time of a suspended pull when long polling is off",
+                                         min=0, max=60_000)
+    # -- coordination: consumer groups, queue locks, consumer offsets (issue 4)
+    flush_consumer_offset_interval_ms: int = setting(5_000, "persist config/consumerOffset.json this often",
+                                                     min=10, max=600_000)
+    channel_expired_timeout_ms: int = setting(120_000, "a client silent this long (no heartbeat) leaves its groups",
+                                              min=1_000, max=3_600_000)
+    client_housekeeping_interval_ms: int = setting(10_000, "how often silent clients are looked for",
+                                                   min=100, max=600_000)
+    rebalance_lock_max_live_time_ms: int = setting(60_000, "a queue lock not renewed this long may be taken over",
+                                                   min=1_000, max=3_600_000)
+    notify_consumer_ids_changed_enable: bool = setting(True, "push NOTIFY_CONSUMER_IDS_CHANGED on group changes")
+    notify_consumer_ids_changed_delay_ms: int = setting(100, "coalescing window for NOTIFY_CONSUMER_IDS_CHANGED",
+                                                        min=0, max=10_000)
+    # -- retries, delay levels, dead letters (issue 5)
+    message_delay_level: str = setting("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+                                       "delay of each delay level, level 1 first (units ms, s, m, h, d)")
+    flush_delay_offset_interval_ms: int = setting(10_000, "persist config/delayOffset.json at least this often",
+                                                  min=10, max=600_000)
+    auto_create_subscription_group: bool = setting(True, "create an unknown consumer group's config with defaults")
+    broker_permission: int = setting(6, "RocketMQ PermName bits: 4 read, 2 write (6 = both)", min=0, max=7)
+    # -- security (issue 10): TLS and ACL, docs/SECURITY.md
+    tls_cert_file: str = setting("", "PEM certificate the broker presents; set = clients must use TLS")
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file (empty: the key is in that file)")
+    tls_ca_file: str = setting("", "PEM CA bundle verifying client certificates and TLS name servers")
+    tls_require_client_cert: bool = setting(False, "mutual TLS: refuse clients without a certificate from tls_ca_file")
+    namesrv_tls: bool = setting(False, "connect to the name servers over TLS (verified with tls_ca_file)")
+    acl_file: str = setting("", "ACL TOML file; requests must be signed by one of its accounts (empty: ACL off)")
 
     def validate(self) -> BrokerConfig:
         """Check every value against its range; raise ConfigError for the first bad one."""
@@ -72,10 +109,20 @@ class BrokerConfig:
                 parse_address(addr)
             except ValueError as exc:
                 raise ConfigError(f"namesrv_addr = {self.namesrv_addr!r}: {exc}") from None
+        try:
+            from broker.store.delay_levels import DelayLevelTable
+
+            DelayLevelTable.parse(self.message_delay_level)
+        except ValueError as exc:
+            raise ConfigError(f"message_delay_level = {self.message_delay_level!r}: {exc}") from None
         if self.mapped_file_size_consume_queue % 20:
             raise ConfigError(
                 f"mapped_file_size_consume_queue = {self.mapped_file_size_consume_queue}: must be a multiple of 20"
             )
+        if self.tls_key_file and not self.tls_cert_file:
+            raise ConfigError(f"tls_key_file = {self.tls_key_file!r}: needs tls_cert_file too")
+        if self.tls_require_client_cert and not (self.tls_cert_file and self.tls_ca_file):
+            raise ConfigError("tls_require_client_cert = true: needs tls_cert_file and tls_ca_file")
         return self
 
     @property

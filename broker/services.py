@@ -13,3 +13,8 @@ def build_services(broker: Broker) -> None:
     from broker.processors.basic import BasicService
 
     broker.services.append(BasicService(broker))
+
+    # Coordination (issue 4): consumer groups, queue locks, consumer offsets. After the store/topic services.
+    from broker.processors.consumer import CoordinationService
+
+    broker.services.append(CoordinationService(broker))

@@ -1,0 +1,297 @@
+"""Consumer offsets: where each consumer group is in each queue (RocketMQ's ConsumerOffsetManager), with fencing.
+
+The table is ``"topic@group" -> queue id -> offset`` (the next offset the group will consume), persisted to
+``<store>/config/consumerOffset.json`` in RocketMQ's layout ``{"offsetTable": {"topic@group": {"0": 12}}}``;
+the coordination service writes it atomically every ``flush_consumer_offset_interval_ms`` and at shutdown.
+
+Two deliberate differences from RocketMQ:
+
+* **Deterministic start** (DESIGN.md §6.3): a queue with no stored offset answers -1 (QUERY_NOT_FOUND on the
+  wire) always, so the client's ``consume_from_where`` decides. RocketMQ answers 0 instead when the queue's
+  min offset is 0 and its first message is still in memory, which makes new groups replay old messages.
+* **Fencing** (DESIGN.md §6.2): for a group consuming orderly, an update for a queue whose *live* broker lock
+  belongs to another client is refused, logged (rate-limited) and counted in ``fenced_updates``. A paused
+  ex-owner cannot rewind a queue that someone else now consumes. A queue nobody holds live accepts updates
+  from anyone (RocketMQ compatibility: concurrent consumers never lock).
+
+Pure bookkeeping apart from ``load`` / ``persist`` (blocking file I/O, which the service runs in a thread):
+no trio import, time injected.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from broker.store.atomic import read_json, write_json_atomic
+from protocol.logs import RateLimiter, get_logger, log_rate_limited
+from protocol.message_queue import MessageQueue
+
+log = get_logger("trimq.broker.offsets")
+
+__all__ = ["ConsumerOffsetManager", "OffsetStoreError", "QueueProgress", "offset_file_path"]
+
+TOPIC_GROUP_SEPARATOR = "@"
+
+
+class OffsetStoreError(ValueError):
+    """The consumer offset file exists but is not a RocketMQ-style offset table."""
+
+
+class _LockView(Protocol):
+    def live_owner(self, group: str, mq: MessageQueue) -> str | None: ...
+
+
+class _StoreView(Protocol):
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
+
+
+def offset_file_path(store_dir: str) -> str:
+    """``<store>/config/consumerOffset.json``, RocketMQ's place for it."""
+    return os.path.join(store_dir, "config", "consumerOffset.json")
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueProgress:
+    """One queue's consume progress for one group (a row of GET_CONSUME_STATS).
+
+    ``consumer_offset`` is -1 when nothing is stored; ``broker_offset`` and ``lag`` are -1 when the broker has
+    no store to ask. ``last_timestamp`` is RocketMQ's lastTimestamp (store time of the last consumed message,
+    0 when unknown); ``last_update_timestamp`` is when the group last committed this offset (0: not since
+    this broker started).
+    """
+
+    topic: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+    lag: int
+    last_timestamp: int
+    last_update_timestamp: int
+
+
+class ConsumerOffsetManager:
+    """Consumer offsets of every group on this broker.
+
+    ``path`` is the JSON file (None: memory only, for tests). ``lock_manager`` provides ``live_owner`` for
+    fencing and ``is_orderly(group)`` says whether a group consumes orderly; without a lock manager nothing is
+    fenced. ``broker_name`` builds the MessageQueue looked up in the lock table. ``now_ms`` is the wall clock
+    (update stamps and log rate limiting).
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        broker_name: str = "broker-a",
+        lock_manager: _LockView | None = None,
+        is_orderly: Callable[[str], bool] = lambda group: False,
+        now_ms: Callable[[], int] = _wall_ms,
+        fenced_log_interval_ms: int = 10_000,
+    ) -> None:
+        self.path = path
+        self.broker_name = broker_name
+        self.lock_manager = lock_manager
+        self.is_orderly = is_orderly
+        self._now_ms = now_ms
+        self._table: dict[str, dict[int, int]] = {}
+        self._updated_at: dict[tuple[str, int], int] = {}
+        self._version = 0
+        self._persisted_version = 0
+        self._fenced_log = RateLimiter(fenced_log_interval_ms)
+        #: Refused (fenced) updates per group, for metrics and the admin CLI.
+        self.fenced_updates: Counter[str] = Counter()
+        #: Applied updates in total.
+        self.applied_updates = 0
+
+    # ------------------------------------------------------------------ queries
+
+    @staticmethod
+    def key(group: str, topic: str) -> str:
+        """RocketMQ's table key, ``topic@group``."""
+        return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The stored offset, or -1 when the group never committed one for this queue (deterministic start)."""
+        return self._table.get(self.key(group, topic), {}).get(queue_id, -1)
+
+    def last_update_timestamp(self, group: str, topic: str, queue_id: int) -> int:
+        """Wall-clock ms of the last applied update since this broker started, 0 if none."""
+        return self._updated_at.get((self.key(group, topic), queue_id), 0)
+
+    def topics_of_group(self, group: str) -> list[str]:
+        """Topics for which ``group`` has stored offsets, sorted (RocketMQ's whichTopicByConsumer)."""
+        suffix = TOPIC_GROUP_SEPARATOR + group
+        return sorted(k[: -len(suffix)] for k in self._table if k.endswith(suffix)
+                      and TOPIC_GROUP_SEPARATOR not in k[: -len(suffix)])
+
+    def groups_of_topic(self, topic: str) -> list[str]:
+        """Groups with stored offsets for ``topic``, sorted (RocketMQ's whichGroupByTopic)."""
+        prefix = topic + TOPIC_GROUP_SEPARATOR
+        return sorted(k[len(prefix):] for k in self._table if k.startswith(prefix))
+
+    def queue_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """A copy of the group's stored offsets for ``topic``, queue id -> offset."""
+        return dict(self._table.get(self.key(group, topic), {}))
+
+    # ------------------------------------------------------------------ updates
+
+    def fencing_owner(self, group: str, topic: str, queue_id: int, client_id: str | None) -> str | None:
+        """The client whose live lock forbids ``client_id`` to move this queue's offset, or None if allowed.
+
+        Only groups consuming orderly are fenced; the lock is looked at without renewing it.
+        """
+        if self.lock_manager is None or not self.is_orderly(group):
+            return None
+        owner = self.lock_manager.live_owner(group, MessageQueue(topic, self.broker_name, queue_id))
+        if owner is None or owner == client_id:
+            return None
+        return owner
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, client_id: str | None, *,
+                      source: str) -> bool:
+        """Store ``offset`` for the queue unless fenced; False (and counted, logged rate-limited) when fenced.
+
+        ``source`` says where the update came from (``update`` for UPDATE_CONSUMER_OFFSET, ``pull`` for a
+        pull's commit offset, ...) for the logs.
+        """
+        _check_offset(offset)
+        owner = self.fencing_owner(group, topic, queue_id, client_id)
+        if owner is not None:
+            self.fenced_updates[group] += 1
+            log_rate_limited(
+                self._fenced_log, (group, topic, queue_id, client_id), self._now_ms(), log.warning, "offset.fenced",
+                group=group, topic=topic, queue_id=queue_id, offset=offset, client_id=client_id, owner=owner,
+                source=source, fenced_total=self.fenced_updates[group],
+            )
+            return False
+        self._set(group, topic, queue_id, offset)
+        self.applied_updates += 1
+        return True
+
+    def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Set the offset whatever the locks say (admin reset); logged."""
+        _check_offset(offset)
+        old = self.query_offset(group, topic, queue_id)
+        self._set(group, topic, queue_id, offset)
+        log.info("offset.reset", group=group, topic=topic, queue_id=queue_id, old=old, new=offset)
+
+    def remove_offsets(self, group: str, topic: str | None = None) -> int:
+        """Forget the group's offsets (for one topic, or all); returns how many queues were dropped."""
+        keys = [self.key(group, topic)] if topic is not None else [self.key(group, t)
+                                                                  for t in self.topics_of_group(group)]
+        n = 0
+        for k in keys:
+            queues = self._table.pop(k, None)
+            if queues:
+                n += len(queues)
+                for qid in queues:
+                    self._updated_at.pop((k, qid), None)
+        if n:
+            self._version += 1
+        return n
+
+    def _set(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        k = self.key(group, topic)
+        self._table.setdefault(k, {})[queue_id] = offset
+        self._updated_at[(k, queue_id)] = self._now_ms()
+        self._version += 1
+
+    # ------------------------------------------------------------------ consume progress
+
+    def progress(self, group: str, topic: str, queue_ids: Iterable[int], store: Any = None) -> list[QueueProgress]:
+        """Consume progress of ``group`` on the given queues of ``topic`` (plus any queue with a stored offset).
+
+        ``store`` (optional) answers ``get_max_offset_in_queue`` and, if it has it, ``get_store_timestamp``.
+        Lag is ``broker offset - consumer offset`` (a queue with no stored offset counts from 0, as RocketMQ).
+        """
+        stored = self._table.get(self.key(group, topic), {})
+        rows = []
+        for qid in sorted(set(queue_ids) | set(stored)):
+            consumer = stored.get(qid, -1)
+            broker = int(store.get_max_offset_in_queue(topic, qid)) if store is not None else -1
+            lag = max(0, broker - max(consumer, 0)) if broker >= 0 else -1
+            last_ts = 0
+            if store is not None and consumer > 0 and hasattr(store, "get_store_timestamp"):
+                last_ts = store.get_store_timestamp(topic, qid, consumer - 1) or 0
+            rows.append(QueueProgress(topic, qid, broker, consumer, lag, int(last_ts),
+                                      self.last_update_timestamp(group, topic, qid)))
+        return rows
+
+    # ------------------------------------------------------------------ persistence
+
+    @property
+    def dirty(self) -> bool:
+        """True when the table changed since the last successful ``persist``."""
+        return self._version != self._persisted_version
+
+    def encode(self) -> dict[str, Any]:
+        """The file content: RocketMQ's ``{"offsetTable": {"topic@group": {"<queueId>": offset}}}``."""
+        return {"offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self._table.items())}}
+
+    def snapshot(self) -> tuple[int, dict[str, Any]]:
+        """(version, file content) taken at once, so it can be written from a thread while updates go on."""
+        return self._version, self.encode()
+
+    def mark_persisted(self, version: int) -> None:
+        """Record that the snapshot of ``version`` reached the disk."""
+        self._persisted_version = max(self._persisted_version, version)
+
+    def persist(self) -> bool:
+        """Write the table atomically if it changed (blocking: fsync). Returns whether it wrote."""
+        if self.path is None or not self.dirty:
+            return False
+        version, data = self.snapshot()
+        write_json_atomic(self.path, data)
+        self.mark_persisted(version)
+        return True
+
+    def load(self) -> int:
+        """Read the offset file (blocking); returns how many queue offsets were loaded.
+
+        Raises OffsetStoreError (or ValueError from the JSON reader) naming the file when it is not an offset
+        table; single malformed entries are skipped with a warning so one bad line does not lose the rest.
+        """
+        if self.path is None:
+            return 0
+        data = read_json(self.path, None)
+        if data is None:
+            return 0
+        table = data.get("offsetTable") if isinstance(data, dict) else None
+        if not isinstance(table, dict):
+            raise OffsetStoreError(f"{self.path}: expected a map with an 'offsetTable' map")
+        loaded: dict[str, dict[int, int]] = {}
+        for k, queues in table.items():
+            topic, sep, group = str(k).partition(TOPIC_GROUP_SEPARATOR)
+            if not sep or not topic or not group or not isinstance(queues, dict):
+                log.warning("offset.load_skipped", file=self.path, key=k, reason="not topic@group -> map")
+                continue
+            for q, o in queues.items():
+                try:
+                    qid = int(q)
+                except (TypeError, ValueError):
+                    qid = -1
+                if qid < 0 or isinstance(o, bool) or not isinstance(o, int) or o < 0:
+                    log.warning("offset.load_skipped", file=self.path, key=k, queue=q, offset=o,
+                                reason="queue id and offset must be non-negative integers")
+                    continue
+                loaded.setdefault(k, {})[qid] = o
+        self._table = loaded
+        self._updated_at.clear()
+        self._version = self._persisted_version = 0
+        n = sum(len(v) for v in loaded.values())
+        log.info("offset.loaded", file=self.path, groups_topics=len(loaded), queues=n)
+        return n
+
+
+def _check_offset(offset: object) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be a non-negative integer, got {offset!r}")

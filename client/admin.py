@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import click
 
+from client.admin_allocate import allocate_command
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Administer a trimq cluster (subcommands arrive with their issues)."""
+    """Administer a trimq cluster."""
+
+
+main.add_command(allocate_command)

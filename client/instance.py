@@ -1,0 +1,620 @@
+"""ClientInstance: the per-process client (RocketMQ's MQClientInstance).
+
+One instance serves every producer and consumer of a process that talks to the same name servers:
+it owns the connections (:class:`client.remoting.RemotingClient`), the topic routes and broker
+addresses, and the timers, all as tasks in one nursery::
+
+    async with ClientInstance(ClientConfig(namesrv_addr="127.0.0.1:9876")) as client:
+        async with Producer(ProducerConfig(...), instance=client) as producer: ...
+
+* routes of every produced or subscribed topic are refreshed every ``poll_name_server_interval``
+  (30 s) and on demand (a send to an unknown topic, a broker missing from the table);
+* a heartbeat goes to every known broker every ``heartbeat_broker_interval`` (30 s), at once on start
+  and whenever a producer or consumer registers or a rebalance changes something;
+* consumers rebalance every ``rebalance_interval`` (20 s) and **immediately** when a broker pushes
+  NOTIFY_CONSUMER_IDS_CHANGED (a member joined or left); requests arriving during a rebalance are
+  coalesced into one more pass;
+* consumer offsets are persisted every ``persist_consumer_offset_interval`` (5 s).
+
+Leaving the ``async with`` block cancels every task; producers and consumers unregister themselves
+when *their* blocks end, which must be inside this one.
+
+The client id is ``ip@pid``, plus ``@instance_name`` when configured. Two live instances of one process
+may not share an id: a second instance without an instance name gets ``ip@pid@2`` (``@3``...), so
+separate instances in one process are separate group members. Sharing one instance is cheaper.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
+
+import trio
+
+from client.api import (
+    PERM_READ,
+    PERM_WRITE,
+    ConsumerData,
+    HeartbeatData,
+    MQClientAPI,
+    QueueData,
+    TopicRouteData,
+)
+from client.config import ClientConfig
+from client.errors import (
+    ClientClosedError,
+    ClientIdConflictError,
+    MQBrokerError,
+    MQClientError,
+    NoNameServerError,
+    TopicNotExistError,
+)
+from client.remoting import RemotingClient, RemotingError
+from client.subscription import SubscriptionData
+from protocol.codes import RequestCode
+from protocol.command import RemotingCommand
+from protocol.logs import RateLimiter, get_logger, log_rate_limited
+from protocol.message_queue import MessageQueue
+from protocol.validation import is_retry_topic
+
+__all__ = [
+    "ClientInstance",
+    "ConsumerInner",
+    "ProducerInner",
+    "TopicPublishInfo",
+    "build_client_id",
+    "local_ip",
+]
+
+log = get_logger("trimq.client")
+
+MASTER_ID = 0
+_LIVE_CLIENT_IDS: set[str] = set()
+
+
+def local_ip() -> str:
+    """This host's primary IPv4 address (the one a default route would use), else 127.0.0.1.
+
+    The UDP ``connect`` sends nothing; it only asks the kernel which source address it would use.
+    """
+    for probe in ("10.255.255.255", "192.0.2.1"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((probe, 1))
+                ip = str(s.getsockname()[0])
+                if ip and not ip.startswith("0."):
+                    return ip
+        except OSError:
+            continue
+    return "127.0.0.1"
+
+
+def build_client_id(client_ip: str, instance_name: str = "", pid: int | None = None) -> str:
+    """``ip@pid`` or ``ip@pid@instance_name``."""
+    base = f"{client_ip}@{os.getpid() if pid is None else pid}"
+    return f"{base}@{instance_name}" if instance_name else base
+
+
+@dataclass
+class TopicPublishInfo:
+    """A topic's writable queues and RocketMQ's round-robin queue choice for sends."""
+
+    message_queue_list: list[MessageQueue]
+    route: TopicRouteData | None = None
+    send_which_queue: int = field(default_factory=lambda: random.randrange(2**31))
+
+    def ok(self) -> bool:
+        return bool(self.message_queue_list)
+
+    def _next(self) -> MessageQueue:
+        self.send_which_queue = (self.send_which_queue + 1) & 0x7FFFFFFF
+        return self.message_queue_list[self.send_which_queue % len(self.message_queue_list)]
+
+    def select_one_message_queue(self, last_broker_name: str | None = None) -> MessageQueue:
+        """Next queue round robin; after a failure, the next one on a *different* broker if there is one."""
+        if not self.message_queue_list:
+            raise MQClientError("the topic has no writable queue")
+        if last_broker_name is None:
+            return self._next()
+        for _ in range(len(self.message_queue_list)):
+            mq = self._next()
+            if mq.broker_name != last_broker_name:
+                return mq
+        return self._next()
+
+
+@runtime_checkable
+class ProducerInner(Protocol):
+    """What the instance needs from a registered producer."""
+
+    @property
+    def group_name(self) -> str: ...
+
+
+@runtime_checkable
+class ConsumerInner(Protocol):
+    """What the instance needs from a registered consumer (RocketMQ's MQConsumerInner)."""
+
+    @property
+    def group_name(self) -> str: ...
+
+    @property
+    def message_model(self) -> str: ...
+
+    @property
+    def consume_type(self) -> str: ...
+
+    @property
+    def consume_from_where(self) -> str: ...
+
+    @property
+    def consume_orderly(self) -> bool: ...
+
+    def subscriptions(self) -> list[SubscriptionData]: ...
+
+    def update_topic_subscribe_info(self, topic: str, mqs: set[MessageQueue]) -> None: ...
+
+    def is_subscribe_topic_need_update(self, topic: str) -> bool: ...
+
+    async def do_rebalance(self) -> None: ...
+
+    async def persist_consumer_offset(self) -> None: ...
+
+
+class ClientInstance:
+    """Routes, broker addresses, heartbeats, rebalance and offset timers for one process (see module doc)."""
+
+    def __init__(
+        self,
+        config: ClientConfig | None = None,
+        *,
+        remoting: RemotingClient | None = None,
+        ssl_context: Any = None,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
+        """``remoting``: share an existing transport (not closed by this instance); otherwise one is created
+        with ``ssl_context`` (TLS) and ``credentials`` (ACL access key and secret key)."""
+        self.config = (config or ClientConfig()).client_settings()
+        self._own_remoting = remoting is None
+        self.remoting = remoting or RemotingClient(
+            default_timeout_s=self.config.mq_client_api_timeout / 1000,
+            connect_timeout_s=self.config.connect_timeout / 1000,
+            ssl_context=ssl_context,
+            credentials=credentials,
+        )
+        self.api = MQClientAPI(self.remoting, timeout_ms=self.config.mq_client_api_timeout)
+        self.client_ip = self.config.client_ip or local_ip()
+        self._client_id = ""
+        self.topic_route_table: dict[str, TopicRouteData] = {}
+        self.broker_addr_table: dict[str, dict[int, str]] = {}
+        self.topic_publish_info_table: dict[str, TopicPublishInfo] = {}
+        self.producers: dict[str, ProducerInner] = {}
+        self.consumers: dict[str, ConsumerInner] = {}
+        self._namesrv_index = random.randrange(1 << 16)
+        self._route_lock = trio.Lock()
+        self._heartbeat_lock = trio.Lock()
+        self._rebalance_wakeup = trio.Event()
+        self._stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._running = False
+        self._rate = RateLimiter(10_000)
+        self.rebalance_count = 0
+        self.heartbeat_count = 0
+        self.consumer_ids_changed_count = 0
+        """NOTIFY_CONSUMER_IDS_CHANGED requests received from brokers."""
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def client_id(self) -> str:
+        """``ip@pid[@instance_name]`` (set when the instance starts)."""
+        return self._client_id or build_client_id(self.client_ip, self.config.instance_name)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def _claim_client_id(self) -> str:
+        wanted = build_client_id(self.client_ip, self.config.instance_name)
+        if wanted not in _LIVE_CLIENT_IDS:
+            return wanted
+        if self.config.instance_name:
+            raise ClientIdConflictError(
+                f"client id {wanted!r} is already used by another running ClientInstance in this process; "
+                f"share that instance or choose another instance_name"
+            )
+        n = 2
+        while build_client_id(self.client_ip, str(n)) in _LIVE_CLIENT_IDS:
+            n += 1
+        return build_client_id(self.client_ip, str(n))
+
+    async def __aenter__(self) -> ClientInstance:
+        if self._running:
+            raise MQClientError("this ClientInstance is already running")
+        self._client_id = self._claim_client_id()
+        _LIVE_CLIENT_IDS.add(self._client_id)
+        stack = AsyncExitStack()
+        try:
+            if self._own_remoting:
+                await stack.enter_async_context(self.remoting)
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+        except BaseException:
+            _LIVE_CLIENT_IDS.discard(self._client_id)
+            await stack.aclose()
+            raise
+        self._stack = stack
+        self.remoting.register_handler(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_consumer_ids_changed)
+        self._running = True
+        self._nursery.start_soon(self._route_loop)
+        self._nursery.start_soon(self._heartbeat_loop)
+        self._nursery.start_soon(self._rebalance_loop)
+        self._nursery.start_soon(self._persist_loop)
+        log.info("client.started", client_id=self._client_id, namesrv=self.config.namesrv_addr)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self._running = False
+        assert self._stack is not None and self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        try:
+            return await self._stack.__aexit__(exc_type, exc, tb)
+        finally:
+            _LIVE_CLIENT_IDS.discard(self._client_id)
+            self._stack = None
+            self._nursery = None
+            log.info("client.stopped", client_id=self._client_id)
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise ClientClosedError("the ClientInstance is not running (use it inside `async with`)")
+
+    # --- registration ----------------------------------------------------------------------------
+
+    async def register_producer(self, producer: ProducerInner) -> None:
+        """Add a producer group; a heartbeat announces it to the brokers at once."""
+        self._check_running()
+        group = producer.group_name
+        if group in self.producers and self.producers[group] is not producer:
+            raise MQClientError(f"producer group {group!r} is already registered on client {self.client_id}")
+        self.producers[group] = producer
+        await self.send_heartbeat_to_all_brokers()
+
+    async def unregister_producer(self, group: str) -> None:
+        """Remove a producer group and tell every broker (UNREGISTER_CLIENT)."""
+        if self.producers.pop(group, None) is not None and self._running:
+            await self._unregister_client(producer_group=group)
+
+    async def register_consumer(self, consumer: ConsumerInner) -> None:
+        """Add a consumer: fetch its topics' routes, heartbeat every broker, rebalance at once."""
+        self._check_running()
+        group = consumer.group_name
+        if group in self.consumers and self.consumers[group] is not consumer:
+            raise MQClientError(
+                f"consumer group {group!r} is already registered on client {self.client_id}; "
+                f"one client instance can hold one consumer per group"
+            )
+        self.consumers[group] = consumer
+        for sub in consumer.subscriptions():
+            await self.update_topic_route_info_from_name_server(sub.topic)
+        await self.send_heartbeat_to_all_brokers()
+        self.rebalance_immediately()
+
+    async def unregister_consumer(self, group: str) -> None:
+        """Remove a consumer group and tell every broker (UNREGISTER_CLIENT), so the others rebalance."""
+        if self.consumers.pop(group, None) is not None and self._running:
+            await self._unregister_client(consumer_group=group)
+
+    async def _unregister_client(self, *, producer_group: str | None = None, consumer_group: str | None = None) -> None:
+        async def one(addr: str) -> None:
+            try:
+                await self.api.unregister_client(
+                    addr, self.client_id, producer_group=producer_group, consumer_group=consumer_group
+                )
+                log.info("client.unregistered", addr=addr, producer_group=producer_group,
+                         consumer_group=consumer_group)
+            except (RemotingError, MQBrokerError, MQClientError) as exc:
+                log.warning("client.unregister_failed", addr=addr, error=str(exc))
+
+        async with trio.open_nursery() as nursery:
+            for addr in self._all_broker_addrs(masters_only=False):
+                nursery.start_soon(one, addr)
+
+    # --- routes -------------------------------------------------------------------------------------
+
+    async def _fetch_route(self, topic: str) -> TopicRouteData:
+        addrs = self.config.namesrv_addrs
+        if not addrs:
+            raise NoNameServerError("no name server address configured (namesrv_addr)")
+        last: Exception | None = None
+        for i in range(len(addrs)):
+            addr = addrs[(self._namesrv_index + i) % len(addrs)]
+            try:
+                route = await self.api.get_topic_route(addr, topic)
+                self._namesrv_index = (self._namesrv_index + i) % len(addrs)  # stick with one that works
+                return route
+            except TopicNotExistError:
+                raise
+            except (RemotingError, MQBrokerError, MQClientError) as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    async def update_topic_route_info_from_name_server(
+        self, topic: str, *, default_topic: str | None = None, default_queue_nums: int = 4
+    ) -> bool:
+        """Fetch ``topic``'s route and update brokers, publish info and consumers' queue sets.
+
+        With ``default_topic`` (a producer's ``create_topic_key``), the route of that topic is used for
+        ``topic`` with at most ``default_queue_nums`` queues per broker: a send then auto-creates the
+        topic on the broker. Returns whether a route was found; failures are logged, not raised.
+        """
+        async with self._route_lock:
+            try:
+                if default_topic:
+                    src = await self._fetch_route(default_topic)
+                    route = _limit_queues(src, default_queue_nums)
+                else:
+                    route = await self._fetch_route(topic)
+            except TopicNotExistError:
+                if not is_retry_topic(topic):
+                    log_rate_limited(self._rate, ("no_route", topic), _now_ms(), log.warning,
+                                     "route.topic_not_exist", topic=topic)
+                return False
+            except (RemotingError, MQBrokerError, MQClientError) as exc:
+                log_rate_limited(self._rate, ("route_failed", topic), _now_ms(), log.warning,
+                                 "route.update_failed", topic=topic, error=str(exc))
+                return False
+            self._apply_route(topic, route, from_default=bool(default_topic))
+            return True
+
+    def _apply_route(self, topic: str, route: TopicRouteData, *, from_default: bool = False) -> None:
+        old = self.topic_route_table.get(topic)
+        for bd in route.broker_datas:
+            self.broker_addr_table[bd.broker_name] = dict(bd.broker_addrs)
+        changed = old != route
+        if changed or topic not in self.topic_publish_info_table:
+            pub = route.publish_queues(topic)
+            if pub or topic in self.topic_publish_info_table:
+                self.topic_publish_info_table[topic] = TopicPublishInfo(pub, route)
+        if changed or any(c.is_subscribe_topic_need_update(topic) for c in self.consumers.values()):
+            sub = route.subscribe_queues(topic)
+            for c in list(self.consumers.values()):
+                if any(s.topic == topic for s in c.subscriptions()):
+                    c.update_topic_subscribe_info(topic, sub)
+        if not from_default:
+            self.topic_route_table[topic] = route
+        if changed:
+            log.info("route.changed", topic=topic, brokers=[b.broker_name for b in route.broker_datas],
+                     queues={q.broker_name: (q.read_queue_nums, q.write_queue_nums) for q in route.queue_datas})
+
+    def _topics_in_use(self) -> set[str]:
+        topics = set(self.topic_publish_info_table)
+        for c in list(self.consumers.values()):
+            topics.update(s.topic for s in c.subscriptions())
+        return topics
+
+    async def update_all_topic_routes(self) -> None:
+        """Refresh the route of every produced or subscribed topic, then forget brokers no route lists."""
+        for topic in sorted(self._topics_in_use()):
+            await self.update_topic_route_info_from_name_server(topic)
+        self._clean_offline_brokers()
+
+    def _clean_offline_brokers(self) -> None:
+        live = {bd.broker_name for r in self.topic_route_table.values() for bd in r.broker_datas}
+        for name in list(self.broker_addr_table):
+            if name not in live:
+                del self.broker_addr_table[name]
+                log.info("route.broker_offline", broker=name)
+
+    async def get_publish_info(
+        self, topic: str, *, create_topic_key: str = "", default_queue_nums: int = 4
+    ) -> TopicPublishInfo | None:
+        """The publish info of ``topic``, fetching the route if needed (RocketMQ's tryToFindTopicPublishInfo).
+
+        When the name server does not know the topic and ``create_topic_key`` is set, the default topic's
+        route is used so that the first send auto-creates the topic.
+        """
+        info = self.topic_publish_info_table.get(topic)
+        if info is None or not info.ok():
+            await self.update_topic_route_info_from_name_server(topic)
+            info = self.topic_publish_info_table.get(topic)
+        if info is not None and info.ok():
+            return info
+        if create_topic_key:
+            await self.update_topic_route_info_from_name_server(
+                topic, default_topic=create_topic_key, default_queue_nums=default_queue_nums
+            )
+            info = self.topic_publish_info_table.get(topic)
+            if info is None or not info.ok():
+                # No default-topic route registered: address every master of the cluster instead; the
+                # broker that receives the first send creates the topic (if it auto-creates topics).
+                await self._route_from_cluster(topic, default_queue_nums)
+                info = self.topic_publish_info_table.get(topic)
+        return info if info is not None and info.ok() else None
+
+    async def _route_from_cluster(self, topic: str, queue_nums: int) -> None:
+        for addr in self.config.namesrv_addrs:
+            try:
+                cluster = await self.api.get_broker_cluster_info(addr)
+            except (RemotingError, MQBrokerError, MQClientError) as exc:
+                log.info("route.cluster_info_failed", namesrv=addr, error=str(exc))
+                continue
+            masters = tuple(bd for _, bd in sorted(cluster.broker_addr_table.items()) if bd.master_addr)
+            if not masters:
+                return
+            qds = tuple(QueueData(bd.broker_name, queue_nums, queue_nums, PERM_READ | PERM_WRITE) for bd in masters)
+            self._apply_route(topic, TopicRouteData(masters, qds), from_default=True)
+            return
+
+    def find_broker_address_in_publish(self, broker_name: str) -> str | None:
+        """The master address of ``broker_name`` from the table (no lookup)."""
+        return self.broker_addr_table.get(broker_name, {}).get(MASTER_ID)
+
+    async def find_broker_addr(self, broker_name: str, topic: str | None = None) -> str | None:
+        """The master address of ``broker_name``; refreshes ``topic``'s route once when it is unknown."""
+        addr = self.find_broker_address_in_publish(broker_name)
+        if addr is None and topic is not None:
+            await self.update_topic_route_info_from_name_server(topic)
+            addr = self.find_broker_address_in_publish(broker_name)
+        return addr
+
+    async def find_broker_addr_by_topic(self, topic: str) -> str | None:
+        """Any broker of ``topic`` (RocketMQ picks one at random: every broker knows every member)."""
+        route = self.topic_route_table.get(topic)
+        if route is None:
+            await self.update_topic_route_info_from_name_server(topic)
+            route = self.topic_route_table.get(topic)
+        if route is None or not route.broker_datas:
+            return None
+        bd = random.choice(route.broker_datas)
+        return bd.select_broker_addr()
+
+    def _all_broker_addrs(self, *, masters_only: bool) -> list[str]:
+        out = []
+        for addrs in self.broker_addr_table.values():
+            for bid, addr in addrs.items():
+                if not masters_only or bid == MASTER_ID:
+                    out.append(addr)
+        return sorted(set(out))
+
+    # --- queries used by consumers ------------------------------------------------------------------
+
+    async def find_consumer_id_list(self, topic: str, group: str) -> list[str] | None:
+        """The group's live client ids, from a broker of ``topic``; None (logged) when unavailable."""
+        addr = await self.find_broker_addr_by_topic(topic)
+        if addr is None:
+            return None
+        try:
+            return await self.api.get_consumer_id_list_by_group(addr, group)
+        except (RemotingError, MQBrokerError, MQClientError) as exc:
+            log_rate_limited(self._rate, ("cid", group), _now_ms(), log.warning, "rebalance.consumer_list_failed",
+                             group=group, topic=topic, addr=addr, error=str(exc))
+            return None
+
+    async def _addr_or_raise(self, mq: MessageQueue) -> str:
+        addr = await self.find_broker_addr(mq.broker_name, mq.topic)
+        if addr is None:
+            raise MQClientError(f"broker {mq.broker_name!r} of {mq} is not in any known route")
+        return addr
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        """The queue's max offset (next to be written) from its broker."""
+        return await self.api.get_max_offset(await self._addr_or_raise(mq), mq)
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        return await self.api.get_min_offset(await self._addr_or_raise(mq), mq)
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """The first offset of ``mq`` stored at or after ``timestamp_ms``."""
+        return await self.api.search_offset(await self._addr_or_raise(mq), mq, timestamp_ms)
+
+    # --- heartbeats -------------------------------------------------------------------------------
+
+    def _heartbeat_data(self) -> HeartbeatData:
+        consumers = [
+            ConsumerData(
+                group_name=c.group_name,
+                consume_type=c.consume_type,
+                message_model=c.message_model,
+                consume_from_where=c.consume_from_where,
+                consume_orderly=c.consume_orderly,
+                subscription_data_set=[s.to_wire() for s in c.subscriptions()],
+            )
+            for c in list(self.consumers.values())
+        ]
+        return HeartbeatData(self.client_id, sorted(self.producers), consumers)
+
+    async def send_heartbeat_to_all_brokers(self) -> None:
+        """HEART_BEAT to every known broker (masters only when there is no consumer), in parallel."""
+        if not self.producers and not self.consumers:
+            return
+        async with self._heartbeat_lock:
+            data = self._heartbeat_data()  # built under the lock: includes everything registered so far
+            addrs = self._all_broker_addrs(masters_only=not self.consumers)
+
+            async def one(addr: str) -> None:
+                try:
+                    await self.api.heartbeat(addr, data)
+                except (RemotingError, MQBrokerError, MQClientError) as exc:
+                    log_rate_limited(self._rate, ("hb", addr), _now_ms(), log.warning, "heartbeat.failed",
+                                     addr=addr, error=str(exc))
+
+            async with trio.open_nursery() as nursery:
+                for addr in addrs:
+                    nursery.start_soon(one, addr)
+            self.heartbeat_count += 1
+
+    # --- rebalance -------------------------------------------------------------------------------
+
+    def rebalance_immediately(self) -> None:
+        """Wake the rebalance loop now (coalesced: several calls during one pass cause one more pass)."""
+        self._rebalance_wakeup.set()
+
+    async def _on_consumer_ids_changed(self, cmd: RemotingCommand, addr: str) -> RemotingCommand | None:
+        group = (cmd.ext or {}).get("consumerGroup")
+        log.info("rebalance.consumer_ids_changed", client_id=self.client_id, group=group, broker=addr)
+        self.consumer_ids_changed_count += 1
+        self.rebalance_immediately()
+        return None
+
+    async def do_rebalance(self) -> None:
+        """Rebalance every registered consumer once."""
+        for consumer in list(self.consumers.values()):
+            try:
+                await consumer.do_rebalance()
+            except Exception:
+                log.exception("rebalance.failed", group=consumer.group_name)
+        self.rebalance_count += 1
+
+    # --- timers ------------------------------------------------------------------------------------
+
+    async def _route_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.poll_name_server_interval / 1000)
+            await self.update_all_topic_routes()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self.send_heartbeat_to_all_brokers()
+            await trio.sleep(self.config.heartbeat_broker_interval / 1000)
+
+    async def _rebalance_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self.config.rebalance_interval / 1000):
+                await self._rebalance_wakeup.wait()
+            self._rebalance_wakeup = trio.Event()  # requests during the pass below cause another pass
+            await self.do_rebalance()
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.persist_consumer_offset_interval / 1000)
+            await self.persist_all_consumer_offsets()
+
+    async def persist_all_consumer_offsets(self) -> None:
+        """Persist every consumer's offsets now."""
+        for consumer in list(self.consumers.values()):
+            try:
+                await consumer.persist_consumer_offset()
+            except Exception:
+                log.exception("offset.persist_all_failed", group=consumer.group_name)
+
+
+def _limit_queues(route: TopicRouteData, n: int) -> TopicRouteData:
+    from dataclasses import replace
+
+    qds = tuple(
+        replace(q, read_queue_nums=min(n, q.read_queue_nums), write_queue_nums=min(n, q.read_queue_nums))
+        for q in route.queue_datas
+    )
+    return TopicRouteData(broker_datas=route.broker_datas, queue_datas=qds)
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)

@@ -1,0 +1,409 @@
+"""Producer: send messages to a topic (RocketMQ's DefaultMQProducer, synchronous sends).
+
+::
+
+    async with Producer(ProducerConfig(namesrv_addr="127.0.0.1:9876", producer_group="orders")) as p:
+        result = await p.send(Message("Orders", b"hello", tags="created"))
+        result = await p.send(msg, selector=SelectMessageQueueByHash(), arg=order_id)   # same key, same queue
+        result = await p.send_batch([m1, m2, m3])                                          # one queue
+
+A plain ``send`` picks queues round robin and, when an attempt fails, retries up to
+``retry_times_when_send_failed`` times on another queue, preferring another broker (RocketMQ's
+selectOneMessageQueue avoiding the last failed broker), all within ``send_msg_timeout``. A send with a
+``selector`` or an explicit ``message_queue`` is not retried elsewhere: that would break the ordering the
+caller asked for.
+
+Messages are validated first (topic name, body present and within ``max_message_size``, properties);
+violations raise :class:`client.errors.InvalidMessageError` subclasses naming the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import trio
+
+from client.api import SendResult, SendStatus
+from client.config import ProducerConfig
+from client.errors import (
+    BrokerNotFoundError,
+    ClientClosedError,
+    EmptyBodyError,
+    ForbiddenTopicError,
+    InvalidMessageError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    MQBrokerError,
+    MQClientError,
+    NoRouteError,
+    SelectorError,
+    SendFailedError,
+)
+from client.instance import ClientInstance, TopicPublishInfo
+from client.remoting import RemotingError
+from client.selectors import MessageQueueSelector
+from protocol.codes import ResponseCode
+from protocol.logs import get_logger
+from protocol.message import (
+    MAX_PROPERTIES_BYTES,
+    Message,
+    MessageConst,
+    check_property_text,
+    encode_properties,
+)
+from protocol.message_queue import MessageQueue
+from protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic, is_retry_topic
+
+__all__ = ["Producer", "UniqIdGenerator", "validate_message"]
+
+log = get_logger("trimq.producer")
+
+# RocketMQ's TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET plus the auto-create key topic.
+FORBIDDEN_TOPICS = frozenset({
+    SCHEDULE_TOPIC,
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRACE_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
+    "SELF_TEST_TOPIC",
+    "OFFSET_MOVED_EVENT",
+    "TBW102",
+})
+
+# Broker answers after which RocketMQ tries another queue (DefaultMQProducerImpl.retryResponseCodes).
+RETRY_RESPONSE_CODES = frozenset({
+    ResponseCode.TOPIC_NOT_EXIST,
+    ResponseCode.SERVICE_NOT_AVAILABLE,
+    ResponseCode.SYSTEM_ERROR,
+    ResponseCode.SYSTEM_BUSY,
+    ResponseCode.NO_PERMISSION,
+})
+
+
+class UniqIdGenerator:
+    """RocketMQ-style unique message keys (UNIQ_KEY): 32 hex digits.
+
+    ip (4 bytes) + pid (2) + a per-generator random (4) + milliseconds since the start of the month (4)
+    + a counter (2): unique per process, roughly time-ordered, and cheap.
+    """
+
+    def __init__(self, ip: str) -> None:
+        try:
+            ip_bytes = bytes(int(p) & 0xFF for p in ip.split("."))[:4].rjust(4, b"\0")
+        except ValueError:
+            ip_bytes = b"\x7f\x00\x00\x01"
+        self._prefix = (ip_bytes + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
+        self._counter = 0
+        self._month_start_ms = 0
+        self._next_month_ms = 0
+
+    def _roll_month(self, now_ms: int) -> None:
+        now = datetime.fromtimestamp(now_ms / 1000)
+        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        nxt = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+        self._month_start_ms = int(start.timestamp() * 1000)
+        self._next_month_ms = int(nxt.timestamp() * 1000)
+
+    def next_id(self, now_ms: int | None = None) -> str:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        if now_ms >= self._next_month_ms or now_ms < self._month_start_ms:
+            self._roll_month(now_ms)
+        self._counter = (self._counter + 1) & 0xFFFF
+        tail = struct.pack(">IH", (now_ms - self._month_start_ms) & 0xFFFFFFFF, self._counter)
+        return self._prefix + tail.hex().upper()
+
+
+def validate_message(msg: Any, max_message_size: int) -> None:
+    """RocketMQ's Validators.checkMessage plus property checks; raises an InvalidMessageError subclass."""
+    if not isinstance(msg, Message):
+        raise InvalidMessageError(f"expected a protocol.message.Message, got {type(msg).__name__}")
+    try:
+        check_topic(msg.topic)
+    except InvalidNameError as exc:
+        raise InvalidTopicError(str(exc)) from None
+    if msg.topic in FORBIDDEN_TOPICS:
+        raise ForbiddenTopicError(f"sending messages to topic {msg.topic!r} is forbidden (system topic)")
+    if msg.body is None:
+        raise EmptyBodyError(f"the message body is missing (topic {msg.topic!r})")
+    if not isinstance(msg.body, bytes | bytearray | memoryview):
+        raise InvalidMessageError(
+            f"the message body must be bytes, got {type(msg.body).__name__} (encode text, e.g. s.encode())"
+        )
+    size = len(msg.body)
+    if size == 0:
+        raise EmptyBodyError(f"the message body is empty (topic {msg.topic!r})")
+    if size > max_message_size:
+        raise MessageTooLargeError(size, max_message_size)
+    if isinstance(msg.delay_time_level, bool) or not isinstance(msg.delay_time_level, int):
+        raise InvalidMessageError(f"delay_time_level must be an int, got {msg.delay_time_level!r}")
+    if msg.delay_time_level < 0:
+        raise InvalidMessageError(f"delay_time_level must be >= 0 (0 = no delay), got {msg.delay_time_level}")
+    props = msg.all_properties()
+    for k, v in props.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidMessageError(f"property {k!r} = {v!r}: names and values must be strings")
+        try:
+            check_property_text(k, v)
+        except ValueError as exc:
+            raise InvalidMessageError(str(exc)) from None
+    encoded = len(encode_properties(props).encode("utf-8"))
+    if encoded > MAX_PROPERTIES_BYTES - 64:  # leave room for UNIQ_KEY and friends
+        raise InvalidMessageError(f"the message properties take {encoded} bytes; the limit is {MAX_PROPERTIES_BYTES}")
+
+
+class Producer:
+    """Sends messages; see the module documentation. Use as ``async with``."""
+
+    def __init__(self, config: ProducerConfig, *, instance: ClientInstance | None = None) -> None:
+        self.config = config.validate()
+        self._given_instance = instance
+        self.instance: ClientInstance | None = instance
+        self._stack: AsyncExitStack | None = None
+        self._uniq: UniqIdGenerator | None = None
+        self._running = False
+
+    @property
+    def group_name(self) -> str:
+        return self.config.producer_group
+
+    async def __aenter__(self) -> Producer:
+        stack = AsyncExitStack()
+        try:
+            if self._given_instance is None:
+                self.instance = await stack.enter_async_context(ClientInstance(self.config))
+            assert self.instance is not None
+            self._uniq = UniqIdGenerator(self.instance.client_ip)
+            await self.instance.register_producer(self)
+            stack.push_async_callback(self.instance.unregister_producer, self.group_name)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        self._running = True
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self._running = False
+        assert self._stack is not None
+        stack, self._stack = self._stack, None
+        return await stack.__aexit__(exc_type, exc, tb)
+
+    def _client(self) -> ClientInstance:
+        if not self._running or self.instance is None:
+            raise ClientClosedError("the producer is not running (use it inside `async with`)")
+        return self.instance
+
+    # --- public API ---------------------------------------------------------------------------------
+
+    async def send(
+        self,
+        msg: Message,
+        timeout_ms: int | None = None,
+        *,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        message_queue: MessageQueue | None = None,
+    ) -> SendResult:
+        """Send one message and wait until the broker stored it.
+
+        * no ``selector`` / ``message_queue``: round robin with retries on another queue/broker;
+        * ``selector(mqs, msg, arg)``: the queue it returns (no retry elsewhere);
+        * ``message_queue``: exactly that queue (no retry elsewhere).
+
+        ``timeout_ms`` defaults to ``send_msg_timeout``. Raises InvalidMessageError subclasses, NoRouteError,
+        SelectorError, MQBrokerError (a non-retryable broker answer), SendFailedError (all attempts of a
+        round-robin send failed) or, for a selected queue, the RemotingError of its one attempt.
+        """
+        client = self._client()
+        validate_message(msg, self.config.max_message_size)
+        timeout = self.config.send_msg_timeout if timeout_ms is None else timeout_ms
+        if selector is not None and message_queue is not None:
+            raise MQClientError("pass either selector or message_queue, not both")
+        if selector is not None or message_queue is not None:
+            info = await self._publish_info(client, msg.topic)
+            if message_queue is not None:
+                mq = message_queue
+            else:
+                assert selector is not None
+                mq = self._select(info, selector, msg, arg)
+            if message_queue is not None and mq.topic != msg.topic:
+                raise MQClientError(f"message queue {mq} is not a queue of topic {msg.topic!r}")
+            return await self._send_kernel(client, msg, mq, timeout)
+        return await self._send_with_retries(client, msg.topic, lambda mq, t: self._send_kernel(client, msg, mq, t),
+                                             timeout)
+
+    async def send_batch(
+        self,
+        msgs: Sequence[Message],
+        timeout_ms: int | None = None,
+        *,
+        message_queue: MessageQueue | None = None,
+    ) -> SendResult:
+        """Send several messages of one topic to one queue in one request.
+
+        Batches may not use delay levels or retry topics (as in RocketMQ). ``msg_id`` of the result holds
+        the unique keys joined by commas; ``queue_offset`` is the offset of the first message.
+        """
+        client = self._client()
+        msgs = list(msgs)
+        if not msgs:
+            raise InvalidMessageError("a batch needs at least one message")
+        topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
+        total = 0
+        for m in msgs:
+            validate_message(m, self.config.max_message_size)
+            if m.topic != topic:
+                raise InvalidMessageError(f"all messages of a batch must have one topic: {topic!r} and {m.topic!r}")
+            if m.delay_time_level > 0:
+                raise InvalidMessageError("delay levels are not supported in batches")
+            if is_retry_topic(m.topic):
+                raise InvalidMessageError("retry topics are not supported in batches")
+            total += len(m.body)
+        if total > self.config.max_message_size:
+            raise MessageTooLargeError(total, self.config.max_message_size)
+        timeout = self.config.send_msg_timeout if timeout_ms is None else timeout_ms
+        if message_queue is not None:
+            return await self._send_batch_kernel(client, msgs, message_queue, timeout)
+        return await self._send_with_retries(
+            client, topic, lambda mq, t: self._send_batch_kernel(client, msgs, mq, t), timeout
+        )
+
+    async def message_queues(self, topic: str) -> list[MessageQueue]:
+        """The writable queues of ``topic`` (what a selector chooses from)."""
+        return list((await self._publish_info(self._client(), topic)).message_queue_list)
+
+    # --- internals ----------------------------------------------------------------------------------
+
+    async def _publish_info(self, client: ClientInstance, topic: str) -> TopicPublishInfo:
+        if not client.config.namesrv_addrs:
+            raise NoRouteError(topic, "no name server address configured (namesrv_addr)")
+        cfg = self.config
+        info = await client.get_publish_info(
+            topic, create_topic_key=cfg.create_topic_key, default_queue_nums=cfg.default_topic_queue_nums
+        )
+        if info is None:
+            raise NoRouteError(topic, "the name server does not know it and it cannot be auto-created")
+        return info
+
+    @staticmethod
+    def _select(info: TopicPublishInfo, selector: MessageQueueSelector, msg: Message, arg: Any) -> MessageQueue:
+        mqs = list(info.message_queue_list)
+        try:
+            mq = selector(mqs, msg, arg)
+        except Exception as exc:
+            raise SelectorError(f"the message queue selector raised {type(exc).__name__}: {exc}") from exc
+        if mq is None:
+            raise SelectorError("the message queue selector returned None")
+        if mq not in mqs:
+            raise SelectorError(f"the message queue selector returned {mq!r}, which is not one of the topic's queues")
+        return mq
+
+    async def _send_with_retries(self, client: ClientInstance, topic: str, attempt: Any, timeout: int) -> SendResult:
+        info = await self._publish_info(client, topic)
+        start = trio.current_time()
+        times_total = 1 + self.config.retry_times_when_send_failed
+        last_broker: str | None = None
+        attempts: list[tuple[object, BaseException]] = []
+        result: SendResult | None = None
+        for times in range(times_total):
+            mq = info.select_one_message_queue(last_broker)
+            last_broker = mq.broker_name
+            remaining = timeout - int((trio.current_time() - start) * 1000)
+            if remaining <= 0:
+                attempts.append((mq, TimeoutError(f"send timed out after {timeout} ms")))
+                break
+            try:
+                result = await attempt(mq, remaining)
+            except (RemotingError, MQClientError) as exc:
+                attempts.append((mq, exc))
+                log.info("send.retry", topic=topic, mq=str(mq), attempt=times + 1, error=str(exc))
+                continue
+            except MQBrokerError as exc:
+                if exc.code in RETRY_RESPONSE_CODES:
+                    attempts.append((mq, exc))
+                    log.info("send.retry", topic=topic, mq=str(mq), attempt=times + 1, error=str(exc))
+                    continue
+                raise
+            if result.status is not SendStatus.SEND_OK and self.config.retry_another_broker_when_not_store_ok:
+                attempts.append((mq, MQClientError(f"broker answered {result.status.value}")))
+                continue
+            return result
+        if result is not None:
+            return result  # stored, only the flush/slave guarantee is missing
+        cost = int((trio.current_time() - start) * 1000)
+        last = attempts[-1][1] if attempts else None
+        err = SendFailedError(
+            f"sending to topic {topic!r} failed after {len(attempts)} attempt(s) in {cost} ms"
+            + (f"; last error: {last}" if last else ""),
+            attempts,
+        )
+        raise err from last
+
+    async def _broker_addr(self, client: ClientInstance, mq: MessageQueue) -> str:
+        addr = await client.find_broker_addr(mq.broker_name, mq.topic)
+        if addr is None:
+            raise BrokerNotFoundError(mq.broker_name)
+        return addr
+
+    async def _send_kernel(self, client: ClientInstance, msg: Message, mq: MessageQueue, timeout: int) -> SendResult:
+        addr = await self._broker_addr(client, mq)
+        props = msg.all_properties()
+        assert self._uniq is not None
+        uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or self._uniq.next_id()
+        props[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq
+        reconsume_times = max_reconsume = None
+        if is_retry_topic(msg.topic):
+            # RocketMQ moves these two properties into the request header for retry-topic sends.
+            rt = props.pop(MessageConst.RECONSUME_TIME, None)
+            mr = props.pop(MessageConst.MAX_RECONSUME_TIMES, None)
+            reconsume_times = int(rt) if rt and rt.lstrip("-").isdigit() else None
+            max_reconsume = int(mr) if mr and mr.lstrip("-").isdigit() else None
+        return await client.api.send_message(
+            addr,
+            mq.broker_name,
+            producer_group=self.config.producer_group,
+            topic=msg.topic,
+            queue_id=mq.queue_id,
+            body=bytes(msg.body),
+            properties=encode_properties(props),
+            born_timestamp=int(time.time() * 1000),
+            flag=msg.flag,
+            reconsume_times=reconsume_times,
+            max_reconsume_times=max_reconsume,
+            uniq_id=uniq,
+            timeout_ms=timeout,
+        )
+
+    async def _send_batch_kernel(
+        self, client: ClientInstance, msgs: list[Message], mq: MessageQueue, timeout: int
+    ) -> SendResult:
+        addr = await self._broker_addr(client, mq)
+        assert self._uniq is not None
+        entries: list[dict[str, Any]] = []
+        ids: list[str] = []
+        for m in msgs:
+            props = m.all_properties()
+            uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or self._uniq.next_id()
+            props[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq
+            ids.append(uniq)
+            entries.append({"body": bytes(m.body), "properties": encode_properties(props), "flag": m.flag})
+        return await client.api.send_batch(
+            addr,
+            mq.broker_name,
+            producer_group=self.config.producer_group,
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            messages=entries,
+            born_timestamp=int(time.time() * 1000),
+            uniq_ids=ids,
+            timeout_ms=timeout,
+        )

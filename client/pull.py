@@ -1,0 +1,282 @@
+"""The pull service: one trio task per assigned queue, pulling with RocketMQ's flow control.
+
+Each loop runs :meth:`PullService.pull_once` (DefaultMQPushConsumerImpl.pullMessage plus its
+PullCallback) and sleeps for the delay it returns:
+
+* flow control, ``pull_time_delay_mills_when_flow_control`` (50 ms): more cached messages than
+  ``pull_threshold_for_queue``, more cached MiB than ``pull_threshold_size_for_queue``, or (concurrently)
+  an offset span above ``consume_concurrently_max_span``;
+* orderly consumers pull only while the process queue is locked (else retry after 3 s), and the first
+  pull after locking re-reads the stored offset, which wins over the in-memory one;
+* long polling: the pull carries the suspend flag, the broker holds it up to
+  ``broker_suspend_max_time_millis`` (15 s), the client waits up to ``consumer_timeout_millis_when_suspend``
+  (30 s);
+* FOUND: messages (already tag-filtered exactly) go into the process queue and to
+  ``consume_service.submit(process_queue, msgs, dispatch_to_consume, message_queue=mq)``, next pull after
+  ``pull_interval``; NO_NEW_MSG / NO_MATCHED_MSG: pull again at once, and if nothing is cached move the
+  stored offset forward; OFFSET_ILLEGAL: drop the queue, store the broker's next offset after 10 s and let
+  the rebalance re-create it; any error: retry after ``pull_time_delay_mills_when_exception`` (3 s).
+
+A loop ends when its process queue is dropped (the rebalance also cancels an outstanding long poll).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import trio
+
+from client.api import PullStatus, build_pull_sys_flag
+from client.config import PushConsumerConfig
+from client.errors import MQBrokerError, MQClientError, OffsetUnavailableError
+from client.offset_store import READ_FROM_MEMORY, OffsetStore
+from client.process_queue import ProcessQueue
+from client.rebalance.impl import PullRequest, RebalanceClient, RebalanceImpl
+from client.remoting import RemotingError
+from protocol.logs import RateLimiter, get_logger, log_rate_limited
+from protocol.message import MessageExt
+from protocol.message_queue import MessageQueue
+
+__all__ = ["OFFSET_ILLEGAL_DELAY_MS", "ConsumeService", "PullService", "flow_control_reason"]
+
+log = get_logger("trimq.pull")
+
+OFFSET_ILLEGAL_DELAY_MS = 10_000
+_MIB = 1024 * 1024
+
+
+class ConsumeService(Protocol):
+    """The hook the pull loop hands messages to (the orderly / concurrent consume services).
+
+    ``submit`` must not block: it schedules consumption and returns. ``dispatch_to_consume`` is
+    ProcessQueue.put_message's answer (True when no consume task is running for the queue: orderly
+    services start one only then; concurrent services consume every batch).
+    """
+
+    def submit(
+        self,
+        process_queue: ProcessQueue,
+        msgs: Sequence[MessageExt],
+        dispatch_to_consume: bool,
+        message_queue: MessageQueue,
+    ) -> None: ...
+
+
+def flow_control_reason(pq: ProcessQueue, config: PushConsumerConfig, orderly: bool) -> str | None:
+    """Why a queue must not be pulled now (RocketMQ's checks, in its order), or None."""
+    if pq.msg_count > config.pull_threshold_for_queue:
+        return "count"
+    if pq.msg_size // _MIB > config.pull_threshold_size_for_queue:
+        return "size"
+    if not orderly and pq.max_span > config.consume_concurrently_max_span:
+        return "span"
+    return None
+
+
+class PullService:
+    """Pull loops of one consumer; :meth:`start` runs one per pull request in the bound nursery."""
+
+    def __init__(
+        self,
+        *,
+        consumer_group: str,
+        config: PushConsumerConfig,
+        client: RebalanceClient,
+        rebalance: RebalanceImpl,
+        offset_store: OffsetStore,
+        consume_service: ConsumeService,
+        consume_orderly: bool = False,
+        clock: Callable[[], int] | None = None,
+        on_queue_removed: Callable[[], None] | None = None,
+    ) -> None:
+        self.consumer_group = consumer_group
+        self.config = config
+        self.client = client
+        self.rebalance = rebalance
+        self.offset_store = offset_store
+        self.consume_service = consume_service
+        self.consume_orderly = consume_orderly
+        self.clock: Callable[[], int] = clock or (lambda: int(trio.current_time() * 1000))
+        self.on_queue_removed = on_queue_removed
+        self.paused = False
+        self.nursery: trio.Nursery | None = None
+        self._scopes: dict[int, trio.CancelScope] = {}
+        self._rate = RateLimiter(10_000)
+        self.stats: dict[str, int] = {"pulls": 0, "found": 0, "messages": 0, "no_new": 0, "errors": 0,
+                                      "flow_control": 0, "filtered_out": 0, "offset_illegal": 0}
+
+    def bind(self, nursery: trio.Nursery) -> None:
+        """The nursery pull loops run in (the consumer's)."""
+        self.nursery = nursery
+
+    # --- PullServiceHook ------------------------------------------------------------------------------
+
+    def start(self, request: PullRequest) -> None:
+        """Start pulling ``request``'s queue (RocketMQ's executePullRequestImmediately, once per queue)."""
+        if self.nursery is None:
+            raise MQClientError("the pull service is not bound to a nursery (consumer not started)")
+        scope = trio.CancelScope()
+        self._scopes[id(request.process_queue)] = scope
+        self.nursery.start_soon(self._loop, request, scope)
+
+    def cancel(self, process_queue: ProcessQueue) -> None:
+        """Stop the loop of a dropped process queue now, abandoning an outstanding long poll."""
+        scope = self._scopes.pop(id(process_queue), None)
+        if scope is not None:
+            scope.cancel()
+
+    def cancel_all(self) -> None:
+        for scope in self._scopes.values():
+            scope.cancel()
+        self._scopes.clear()
+
+    @property
+    def active_loops(self) -> int:
+        return len(self._scopes)
+
+    # --- the loop --------------------------------------------------------------------------------------
+
+    async def _loop(self, request: PullRequest, scope: trio.CancelScope) -> None:
+        pq = request.process_queue
+        try:
+            with scope:
+                delay: float | None = 0.0
+                while not pq.dropped:
+                    delay = await self.pull_once(request)
+                    if delay is None:
+                        break
+                    if delay > 0:
+                        await trio.sleep(delay)
+                    else:
+                        await trio.lowlevel.checkpoint()
+        finally:
+            if self._scopes.get(id(pq)) is scope:
+                del self._scopes[id(pq)]
+
+    def _later(self, ms: int) -> float:
+        return ms / 1000
+
+    async def pull_once(self, request: PullRequest) -> float | None:
+        """One pull of one queue; returns the delay (s) before the next, or None to stop (queue dropped)."""
+        pq, mq, cfg = request.process_queue, request.message_queue, self.config
+        if pq.dropped:
+            return None
+        now = self.clock()
+        pq.last_pull_timestamp = now
+        if self.paused:
+            return self._later(cfg.pull_time_delay_mills_when_suspend)
+
+        reason = flow_control_reason(pq, cfg, self.consume_orderly)
+        if reason is not None:
+            self.stats["flow_control"] += 1
+            log_rate_limited(self._rate, ("flow", reason, mq), now, log.warning, "pull.flow_control",
+                             group=self.consumer_group, mq=str(mq), reason=reason, msg_count=pq.msg_count,
+                             msg_size_mib=pq.msg_size // _MIB, max_span=pq.max_span)
+            return self._later(cfg.pull_time_delay_mills_when_flow_control)
+
+        if self.consume_orderly:
+            if not pq.locked:
+                log_rate_limited(self._rate, ("not_locked", mq), now, log.info, "pull.not_locked",
+                                 group=self.consumer_group, mq=str(mq))
+                return self._later(cfg.pull_time_delay_mills_when_exception)
+            if not request.locked_first:
+                try:
+                    offset = await self.rebalance.compute_pull_from_where(mq)
+                except OffsetUnavailableError as exc:
+                    log.warning("pull.offset_unavailable", group=self.consumer_group, mq=str(mq), error=str(exc))
+                    return self._later(cfg.pull_time_delay_mills_when_exception)
+                if offset < request.next_offset:
+                    log.info("pull.first_locked_offset_behind", group=self.consumer_group, mq=str(mq),
+                             stored=offset, in_memory=request.next_offset)
+                request.locked_first = True
+                request.next_offset = offset
+                if pq.dropped:
+                    return None
+
+        sub = self.rebalance.subscription_inner.get(mq.topic)
+        if sub is None:
+            log_rate_limited(self._rate, ("no_sub", mq), now, log.warning, "pull.no_subscription",
+                             group=self.consumer_group, mq=str(mq))
+            return self._later(cfg.pull_time_delay_mills_when_exception)
+
+        commit_offset = 0
+        if self.rebalance.clustering:
+            stored = await self.offset_store.read_offset(mq, READ_FROM_MEMORY)
+            if stored > 0:
+                commit_offset = stored
+        sys_flag = build_pull_sys_flag(commit_offset > 0, True, True)
+
+        self.stats["pulls"] += 1
+        try:
+            addr = await self.client.find_broker_addr(mq.broker_name, mq.topic)
+            if addr is None:
+                raise MQClientError(f"broker {mq.broker_name!r} of {mq} is not in any known route")
+            result = await self.client.api.pull_message(
+                addr,
+                consumer_group=self.consumer_group,
+                mq=mq,
+                queue_offset=request.next_offset,
+                max_msg_nums=cfg.pull_batch_size,
+                sys_flag=sys_flag,
+                commit_offset=commit_offset,
+                suspend_timeout_millis=cfg.broker_suspend_max_time_millis,
+                subscription=sub.sub_string,
+                sub_version=sub.sub_version,
+                tags=sub.tags_set,
+                timeout_ms=cfg.consumer_timeout_millis_when_suspend,
+            )
+        except (RemotingError, MQBrokerError, MQClientError) as exc:
+            self.stats["errors"] += 1
+            log_rate_limited(self._rate, ("pull_error", mq), self.clock(), log.warning, "pull.failed",
+                             group=self.consumer_group, mq=str(mq), offset=request.next_offset, error=str(exc))
+            return self._later(cfg.pull_time_delay_mills_when_exception)
+
+        if pq.dropped:
+            return None
+        self.stats["filtered_out"] += result.filtered_out
+        status = result.status
+        if status is PullStatus.FOUND:
+            prev = request.next_offset
+            request.next_offset = result.next_begin_offset
+            msgs = result.msg_found_list
+            if not msgs:
+                return 0.0
+            self.stats["found"] += 1
+            self.stats["messages"] += len(msgs)
+            if msgs[0].queue_offset < prev:
+                log.warning("pull.offset_went_back", group=self.consumer_group, mq=str(mq),
+                            first=msgs[0].queue_offset, requested=prev)
+            dispatch = pq.put_message(msgs)
+            self.consume_service.submit(pq, msgs, dispatch, message_queue=mq)
+            return self._later(cfg.pull_interval)
+        if status in (PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
+            self.stats["no_new"] += 1
+            request.next_offset = result.next_begin_offset
+            self.correct_tags_offset(request)
+            return 0.0
+        # OFFSET_ILLEGAL
+        self.stats["offset_illegal"] += 1
+        log.warning("pull.offset_illegal", group=self.consumer_group, mq=str(mq), requested=request.next_offset,
+                    next_begin=result.next_begin_offset, min=result.min_offset, max=result.max_offset)
+        request.next_offset = result.next_begin_offset
+        pq.dropped = True
+        self._scopes.pop(id(pq), None)  # the removal below must not cancel this very task
+        await trio.sleep(OFFSET_ILLEGAL_DELAY_MS / 1000)
+        self.offset_store.update_offset(mq, request.next_offset, False)
+        await self.offset_store.persist(mq)
+        if self.rebalance.remove_process_queue(mq, pq) is not None:
+            await self.rebalance.remove_unnecessary_message_queue(mq, pq)
+            log.warning("pull.offset_illegal_fixed", group=self.consumer_group, mq=str(mq),
+                        offset=request.next_offset)
+            if self.on_queue_removed is not None:
+                self.on_queue_removed()
+        return None
+
+    def correct_tags_offset(self, request: PullRequest) -> None:
+        """Nothing cached: the broker's next offset is safe to store (skips filtered-out messages)."""
+        if request.process_queue.msg_count == 0:
+            self.offset_store.update_offset(request.message_queue, request.next_offset, True)
+
+    def info(self) -> dict[str, Any]:
+        return {"paused": self.paused, "loops": self.active_loops, **self.stats}

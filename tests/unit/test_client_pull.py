@@ -1,0 +1,255 @@
+"""The pull service's decisions (one pull_once at a time) with a scripted fake broker API, and the API's
+decoding of pull bodies (real commit-log records, exact tag filtering)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from client.api import PullResult, PullStatus, process_pull_messages
+from client.config import PushConsumerConfig
+from client.errors import MQBrokerError
+from client.offset_store import OffsetTable, ReadOffsetType
+from client.process_queue import ProcessQueue
+from client.pull import PullService, flow_control_reason
+from client.rebalance.impl import PullRequest, RebalanceImpl
+from client.rebalance.strategies import get_strategy
+from client.remoting import RemotingTimeoutError
+from client.subscription import build_subscription_data
+from protocol.codes import ResponseCode
+from protocol.message import MessageConst, MessageExt, encode_properties
+from protocol.message_queue import MessageQueue
+from protocol.record import encode_record, iter_records
+
+G, T = "g1", "TopicA"
+MQ = MessageQueue(T, "broker-a", 0)
+
+
+def record(offset: int, tags: str | None = None, body: bytes = b"x") -> bytes:
+    props = {MessageConst.TAGS: tags} if tags else {}
+    return encode_record(topic=T, body=body, queue_id=0, queue_offset=offset, physical_offset=1000 + offset,
+                         properties=encode_properties(props))
+
+
+def msgs(*offsets: int, size: int = 1) -> list[MessageExt]:
+    return list(iter_records(b"".join(record(o, body=b"x" * size) for o in offsets)))
+
+
+def test_process_pull_messages_filters_tags_exactly_and_sets_offsets() -> None:
+    body = record(0, "TagA") + record(1, "TagB") + record(2) + record(3, "TagA")
+    kept, dropped = process_pull_messages(body, {"TagA"}, 0, 10, "addr")
+    assert [m.queue_offset for m in kept] == [0, 3] and dropped == 2
+    assert kept[0].properties[MessageConst.MIN_OFFSET] == "0"
+    assert kept[0].properties[MessageConst.MAX_OFFSET] == "10"
+    everything, dropped = process_pull_messages(body, set(), 0, 10, "addr")
+    assert len(everything) == 4 and dropped == 0
+    from client.errors import MQClientError
+
+    with pytest.raises(MQClientError, match="undecodable records"):
+        process_pull_messages(b"\x00" * 50, None, 0, 0, "addr")
+
+
+def test_flow_control_reasons_in_rocketmq_order() -> None:
+    cfg = PushConsumerConfig(consumer_group=G, pull_threshold_for_queue=2, pull_threshold_size_for_queue=1,
+                             consume_concurrently_max_span=5)
+    pq = ProcessQueue(0)
+    assert flow_control_reason(pq, cfg, False) is None
+    pq.put_message(msgs(0, 1, 2))
+    assert flow_control_reason(pq, cfg, False) == "count"
+    pq = ProcessQueue(0)
+    pq.put_message(msgs(0, size=2 * 1024 * 1024 + 10))
+    assert flow_control_reason(pq, cfg, False) == "size"  # 2 MiB (integer MiB) > 1
+    pq = ProcessQueue(0)
+    pq.put_message(msgs(0, 9))
+    assert flow_control_reason(pq, cfg, False) == "span"
+    assert flow_control_reason(pq, cfg, True) is None  # orderly ignores the span
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.results: list[PullResult | Exception] = []
+        self.calls: list[dict[str, Any]] = []
+
+    async def pull_message(self, addr: str, **kw: Any) -> PullResult:
+        self.calls.append(kw)
+        r = self.results.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+
+class FakeClient:
+    client_id = "me"
+
+    def __init__(self) -> None:
+        self.api = FakeApi()
+
+    async def find_broker_addr(self, broker_name: str, topic: str | None = None) -> str | None:
+        return "broker-a:1"
+
+    async def find_consumer_id_list(self, topic: str, group: str) -> list[str] | None:
+        return ["me"]
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        return 0
+
+    async def search_offset(self, mq: MessageQueue, ts: int) -> int:
+        return 0
+
+    async def send_heartbeat_to_all_brokers(self) -> None: ...
+
+
+class MemStore:
+    def __init__(self) -> None:
+        self.table = OffsetTable()
+        self.stored: dict[MessageQueue, int] = {}
+        self.persisted: list[MessageQueue] = []
+
+    async def load(self) -> None: ...
+
+    def update_offset(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
+        self.table.update(mq, offset, increase_only)
+
+    async def read_offset(self, mq: MessageQueue, type: ReadOffsetType) -> int:
+        if type is ReadOffsetType.READ_FROM_MEMORY:
+            v = self.table.get(mq)
+            return -1 if v is None else v
+        return self.stored.get(mq, -1)
+
+    async def persist_all(self, mqs: Any) -> None: ...
+
+    async def persist(self, mq: MessageQueue) -> None:
+        self.persisted.append(mq)
+
+    def remove_offset(self, mq: MessageQueue) -> None:
+        self.table.remove(mq)
+
+    def clone_offset_table(self, topic: str) -> dict[MessageQueue, int]:
+        return {}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.submitted: list[tuple[ProcessQueue, list[int], bool, MessageQueue]] = []
+
+    def submit(self, process_queue: ProcessQueue, msgs: Any, dispatch_to_consume: bool,
+               message_queue: MessageQueue) -> None:
+        self.submitted.append((process_queue, [m.queue_offset for m in msgs], dispatch_to_consume, message_queue))
+
+
+def setup(orderly: bool = False, **cfg: Any) -> tuple[PullService, RebalanceImpl, FakeClient, MemStore, Recorder,
+                                                       PullRequest]:
+    config = PushConsumerConfig(consumer_group=G, **cfg)
+    client, store, rec = FakeClient(), MemStore(), Recorder()
+    fake: Any = client
+    rb = RebalanceImpl(consumer_group=G, config=config, strategy=get_strategy("AVG"), client=fake,
+                       offset_store=store, consume_orderly=orderly)
+    rb.subscription_inner[T] = build_subscription_data(T, "TagA || TagB")
+    ps = PullService(consumer_group=G, config=config, client=fake, rebalance=rb, offset_store=store,
+                     consume_service=rec, consume_orderly=orderly)
+    rb.pull_service = ps
+    pq = rb.new_process_queue()
+    rb.process_queue_table[MQ] = pq
+    return ps, rb, client, store, rec, PullRequest(G, MQ, pq, 5)
+
+
+def found(next_begin: int, *offsets: int) -> PullResult:
+    return PullResult(PullStatus.FOUND, next_begin, 0, 100, msgs(*offsets))
+
+
+async def test_found_puts_messages_and_submits(autojump_clock: Any) -> None:
+    ps, _rb, client, store, rec, pr = setup(pull_interval=250)
+    client.api.results = [found(7, 5, 6), found(8, 7)]
+    assert await ps.pull_once(pr) == 0.25
+    call = client.api.calls[0]
+    assert (call["queue_offset"], call["max_msg_nums"], call["suspend_timeout_millis"], call["timeout_ms"]) == (
+        5, 32, 15_000, 30_000)
+    assert call["subscription"] == "TagA || TagB" and call["tags"] == {"TagA", "TagB"}
+    assert call["sys_flag"] == 0x2 | 0x4 and call["commit_offset"] == 0  # nothing to commit yet
+    assert pr.next_offset == 7 and pr.process_queue.msg_count == 2
+    assert rec.submitted == [(pr.process_queue, [5, 6], True, MQ)]
+    store.update_offset(MQ, 6, True)
+    await ps.pull_once(pr)
+    assert client.api.calls[1]["sys_flag"] == 0x1 | 0x2 | 0x4 and client.api.calls[1]["commit_offset"] == 6
+    assert rec.submitted[1][2] is False  # a consume task is already running for the queue
+
+
+async def test_no_new_msg_moves_offset_only_when_nothing_cached(autojump_clock: Any) -> None:
+    ps, _rb, client, store, _rec, pr = setup()
+    client.api.results = [PullResult(PullStatus.NO_NEW_MSG, 9, 0, 9), PullResult(PullStatus.NO_MATCHED_MSG, 12, 0, 12)]
+    assert await ps.pull_once(pr) == 0.0
+    assert pr.next_offset == 9 and store.table.get(MQ) == 9  # correctTagsOffset
+    pr.process_queue.put_message(msgs(9))
+    assert await ps.pull_once(pr) == 0.0
+    assert pr.next_offset == 12 and store.table.get(MQ) == 9  # cached messages: keep the stored offset
+
+
+async def test_flow_control_and_pause_and_errors(autojump_clock: Any) -> None:
+    ps, rb, client, _store, _rec, pr = setup(pull_threshold_for_queue=1)
+    pr.process_queue.put_message(msgs(1, 2))
+    assert await ps.pull_once(pr) == 0.05
+    assert client.api.calls == [] and ps.stats["flow_control"] == 1
+    ps, rb, client, _store, _rec, pr = setup()
+    ps.paused = True
+    assert await ps.pull_once(pr) == 1.0
+    ps.paused = False
+    client.api.results = [RemotingTimeoutError("no response"), MQBrokerError(ResponseCode.SYSTEM_ERROR, "x")]
+    assert await ps.pull_once(pr) == 3.0
+    assert await ps.pull_once(pr) == 3.0
+    assert ps.stats["errors"] == 2
+    del rb.subscription_inner[T]
+    assert await ps.pull_once(pr) == 3.0
+
+
+async def test_orderly_pulls_only_while_locked_and_rereads_offset_first(autojump_clock: Any) -> None:
+    ps, _rb, client, store, _rec, pr = setup(orderly=True)
+    assert await ps.pull_once(pr) == 3.0  # not locked: wait
+    assert client.api.calls == []
+    pr.process_queue.locked = True
+    store.stored[MQ] = 3  # the broker's stored offset is behind the in-memory one
+    client.api.results = [found(4, 3)]
+    await ps.pull_once(pr)
+    assert client.api.calls[0]["queue_offset"] == 3 and pr.locked_first
+    store.stored[MQ] = 0
+    client.api.results = [found(5, 4)]
+    await ps.pull_once(pr)
+    assert client.api.calls[1]["queue_offset"] == 4  # re-read only once
+
+
+async def test_dropped_queue_stops_the_loop(autojump_clock: Any) -> None:
+    ps, _rb, _client, _store, _rec, pr = setup()
+    pr.process_queue.dropped = True
+    assert await ps.pull_once(pr) is None
+
+
+async def test_offset_illegal_drops_then_fixes_offset_after_10s(autojump_clock: Any) -> None:
+    ps, rb, client, store, _rec, pr = setup()
+    client.api.results = [PullResult(PullStatus.OFFSET_ILLEGAL, 40, 40, 90)]
+    t0 = trio.current_time()
+    assert await ps.pull_once(pr) is None
+    assert trio.current_time() - t0 == pytest.approx(10.0)
+    assert pr.process_queue.dropped and MQ not in rb.process_queue_table
+    assert MQ in store.persisted
+
+
+async def test_loops_run_until_cancelled(autojump_clock: Any) -> None:
+    ps, _rb, client, _store, rec, pr = setup()
+    client.api.results = [found(6, 5), *(PullResult(PullStatus.NO_NEW_MSG, 6, 0, 6) for _ in range(3))]
+
+    async def slow_pull(addr: str, **kw: Any) -> PullResult:
+        if not client.api.results:
+            await trio.sleep_forever()  # a long poll held by the broker
+        r = client.api.results.pop(0)
+        assert isinstance(r, PullResult)
+        return r
+
+    client.api.pull_message = slow_pull  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        ps.bind(nursery)
+        ps.start(pr)
+        await trio.sleep(1)
+        assert ps.active_loops == 1 and len(rec.submitted) == 1
+        ps.cancel(pr.process_queue)  # the rebalance dropped the queue: the long poll is abandoned
+    assert ps.active_loops == 0

@@ -9,14 +9,15 @@ their request handlers on ``broker.server`` in their constructors.
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import trio
 
-from broker.config import BrokerConfig
-from broker.server import RemotingServer
+from broker.config import BrokerConfig, ConfigError
+from broker.server import RemotingServer, server_ssl_context, tls_listeners
 from protocol.address import format_address, parse_address
 from protocol.logs import get_logger
 
@@ -45,6 +46,13 @@ class Broker:
             max_connections=config.max_connections,
             shutdown_grace_s=config.shutdown_grace_ms / 1000,
         )
+        self.ssl_context = _server_ssl_context(config)
+        self.acl: Any = None  # broker.acl.AccessValidator when acl_file is set
+        if config.acl_file:
+            from broker.acl import AccessValidator, load_acl
+
+            acl = self.acl = AccessValidator(load_acl(config.acl_file))
+            self.server.authorizer = lambda cmd, conn: acl.check(cmd, conn.remote)
         self.services: list[BrokerService] = []
         self.components: dict[str, Any] = {}
         self.started = trio.Event()
@@ -68,7 +76,9 @@ class Broker:
     async def run(self, *, task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every service, serve until ``shutdown()``, then stop services in reverse order."""
         host, port = parse_address(self.config.listen)
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
+        if self.ssl_context is not None:
+            listeners = tls_listeners(listeners, self.ssl_context)
         started: list[BrokerService] = []
         try:
             for svc in self.services:
@@ -102,6 +112,17 @@ class Broker:
         with open(tmp, "w") as fh:
             fh.write(format_address(host, port) + "\n")
         os.replace(tmp, path)
+
+
+def _server_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """The TLS context of the broker's listeners (None: plain TCP). ConfigError for unusable files."""
+    if not config.tls_cert_file:
+        return None
+    try:
+        return server_ssl_context(config.tls_cert_file, config.tls_key_file or None, config.tls_ca_file or None,
+                                  require_client_cert=config.tls_require_client_cert)
+    except ValueError as exc:
+        raise ConfigError(f"TLS: {exc}") from None
 
 
 @asynccontextmanager

@@ -41,6 +41,16 @@ async def run_until_signalled(runner: Any, shutdown: Any) -> None:
 @click.option("--cluster-name", help="Cluster name (default DefaultCluster).")
 @click.option("--flush", type=click.Choice(["async", "sync"]), help="ASYNC_FLUSH (default) or SYNC_FLUSH.")
 @click.option("--metrics-port", type=int, help="Prometheus metrics port (0 = off).")
+@click.option("--tls-cert", "tls_cert_file", type=click.Path(dir_okay=False),
+              help="PEM certificate to serve TLS with (clients must then use TLS).")
+@click.option("--tls-key", "tls_key_file", type=click.Path(dir_okay=False),
+              help="PEM private key of --tls-cert (if not in the same file).")
+@click.option("--tls-ca", "tls_ca_file", type=click.Path(dir_okay=False),
+              help="PEM CA bundle verifying client certificates (mutual TLS).")
+@click.option("--tls-require-client-cert", "tls_require_client_cert", is_flag=True, default=None,
+              help="Mutual TLS: refuse clients without a certificate signed by --tls-ca.")
+@click.option("--acl", "acl_file", type=click.Path(dir_okay=False),
+              help="ACL TOML file: requests must be signed by its accounts (docs/SECURITY.md).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file.")
 @click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
@@ -48,6 +58,8 @@ async def run_until_signalled(runner: Any, shutdown: Any) -> None:
               show_default=True)
 def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, embedded_namesrv: bool | None,
          broker_name: str | None, cluster_name: str | None, flush: str | None, metrics_port: int | None,
+         tls_cert_file: str | None, tls_key_file: str | None, tls_ca_file: str | None,
+         tls_require_client_cert: bool | None, acl_file: str | None,
          config_file: str | None, print_config: bool, log_format: str, log_level: str) -> None:
     """Run a trimq broker until SIGINT/SIGTERM (graceful stop, exit status 0).
 
@@ -60,6 +72,8 @@ def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, em
         "embedded_namesrv": embedded_namesrv, "broker_name": broker_name, "cluster_name": cluster_name,
         "flush_disk_type": {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH"}.get(flush or ""),
         "metrics_port": metrics_port,
+        "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file, "tls_ca_file": tls_ca_file,
+        "tls_require_client_cert": tls_require_client_cert, "acl_file": acl_file,
     }
     try:
         config = load_settings(BrokerConfig, config_file=config_file, overrides=overrides, section="broker")
@@ -71,7 +85,11 @@ def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, em
         return
     from broker.broker import Broker
 
-    broker = Broker(config)
+    try:
+        broker = Broker(config)  # reads the TLS files and the ACL file: errors name the file and the field
+    except ConfigError as exc:
+        click.echo(f"trimq-broker: invalid configuration: {exc}", err=True)
+        sys.exit(2)
     try:
         trio.run(run_until_signalled, broker.run, broker.shutdown)
     except OSError as exc:

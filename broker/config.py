@@ -92,9 +92,8 @@ class BrokerConfig:
     # -- security (issue 10): TLS and ACL, docs/SECURITY.md
     tls_cert_file: str = setting("", "PEM certificate the broker presents; set = clients must use TLS")
     tls_key_file: str = setting("", "PEM private key of tls_cert_file (empty: the key is in that file)")
-    tls_ca_file: str = setting("", "PEM CA bundle verifying client certificates and TLS name servers")
+    tls_ca_file: str = setting("", "PEM CA bundle verifying client certificates (mutual TLS)")
     tls_require_client_cert: bool = setting(False, "mutual TLS: refuse clients without a certificate from tls_ca_file")
-    namesrv_tls: bool = setting(False, "connect to the name servers over TLS (verified with tls_ca_file)")
     acl_file: str = setting("", "ACL TOML file; requests must be signed by one of its accounts (empty: ACL off)")
 
     def validate(self) -> BrokerConfig:

@@ -14,6 +14,7 @@ finishes, so TCP pushes back on the sender) and at most ``max_pending_write_byte
 from __future__ import annotations
 
 import itertools
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,6 +31,8 @@ from protocol.logs import get_logger
 log = get_logger("trimq.server")
 
 Handler = Callable[[RemotingCommand, "Connection"], Awaitable[RemotingCommand | None]]
+# Runs before the handler; returns None to allow, or the NO_PERMISSION remark saying what is missing.
+Authorizer = Callable[[RemotingCommand, "Connection"], "str | None"]
 RECEIVE_CHUNK_BYTES = 256 * 1024
 
 
@@ -172,7 +175,10 @@ class Connection:
             handler = server.handlers.get(cmd.code)
             started = time.perf_counter()
             resp: RemotingCommand | None
-            if handler is None:
+            denied = server._authorize(cmd, self) if server.authorizer is not None else None
+            if denied is not None:
+                resp = RemotingCommand.response_to(cmd, ResponseCode.NO_PERMISSION, denied)
+            elif handler is None:
                 resp = RemotingCommand.response_to(
                     cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} is not supported"
                 )
@@ -217,8 +223,10 @@ class RemotingServer:
         max_inflight_requests: int = 1024,
         max_pending_write_bytes: int = 32 * 1024 * 1024,
         shutdown_grace_s: float = 5.0,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.name = name
+        self.authorizer = authorizer
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
         self.max_inflight_requests = max_inflight_requests
@@ -235,6 +243,15 @@ class RemotingServer:
         self._ids = itertools.count(1)
         self._shutdown = trio.Event()
         self._read_scopes: dict[int, trio.CancelScope] = {}
+
+    def _authorize(self, cmd: RemotingCommand, conn: Connection) -> str | None:
+        """Run the authorizer; a failing one refuses the request (fail closed) rather than crash it."""
+        assert self.authorizer is not None
+        try:
+            return self.authorizer(cmd, conn)
+        except Exception as exc:
+            log.exception("request.authorizer_failed", code=code_name(cmd.code, response=False), remote=conn.remote)
+            return f"permission check failed: {type(exc).__name__}: {exc}"
 
     def register(self, code: int, handler: Handler) -> None:
         """Route requests with ``code`` to ``handler``; the last registration for a code wins."""
@@ -258,10 +275,13 @@ class RemotingServer:
         self._shutdown.set()
 
     async def serve(
-        self, host: str, port: int, *, task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED
+        self, host: str, port: int, *, task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """Listen on ``host:port`` and serve until ``shutdown()`` or cancellation."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        """Listen on ``host:port`` (TLS with ``ssl_context``) and serve until ``shutdown()`` or cancellation."""
+        listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
+        if ssl_context is not None:
+            listeners = tls_listeners(listeners, ssl_context)
         await self.serve_listeners(listeners, task_status=task_status)
 
     async def serve_listeners(
@@ -357,17 +377,47 @@ class RemotingServer:
                 log.exception("connection.close_callback_failed", remote=conn.remote)
 
 
+def server_ssl_context(cert_file: str, key_file: str | None = None, ca_file: str | None = None, *,
+                       require_client_cert: bool = False) -> ssl.SSLContext:
+    """A TLS 1.2+ server context presenting ``cert_file``/``key_file`` (PEM); with ``require_client_cert``,
+    peers must show a certificate signed by ``ca_file`` (mutual TLS). ValueError naming an unusable file."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert_file, key_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"certificate {cert_file} / key {key_file or cert_file}: {exc}") from None
+    ctx.verify_mode = ssl.CERT_NONE
+    if require_client_cert:
+        if not ca_file:
+            raise ValueError("requiring client certificates needs a CA file to verify them with")
+        try:
+            ctx.load_verify_locations(cafile=ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"CA file {ca_file}: {exc}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def tls_listeners(listeners: list[Any], ssl_context: ssl.SSLContext) -> list[Any]:
+    """Wrap TCP listeners so every accepted connection speaks TLS (the handshake runs on first read/write;
+    a peer that fails it is just a broken connection)."""
+    return [trio.SSLListener(lst, ssl_context, https_compatible=False) for lst in listeners]
+
+
 def _peer_name(stream: Any) -> str:
     sock = getattr(stream, "socket", None) or getattr(getattr(stream, "transport_stream", None), "socket", None)
+    if sock is None:
+        return "?"
     try:
         host, port = sock.getpeername()[:2]
         return format_address(host, port)
-    except Exception:
+    except OSError:
         return "?"
 
 
 def _set_nodelay(stream: Any) -> None:
-    sock = getattr(stream, "socket", None)
+    sock = getattr(stream, "socket", None) or getattr(getattr(stream, "transport_stream", None), "socket", None)
     if sock is not None:
         import socket as _s
 
@@ -377,4 +427,5 @@ def _set_nodelay(stream: Any) -> None:
             pass
 
 
-__all__ = ["Connection", "ConnectionClosedError", "Handler", "RemotingServer", "RequestError"]
+__all__ = ["Authorizer", "Connection", "ConnectionClosedError", "Handler", "RemotingServer", "RequestError",
+           "server_ssl_context", "tls_listeners"]

@@ -14,7 +14,22 @@ def build_services(broker: Broker) -> None:
 
     broker.services.append(BasicService(broker))
 
+    # Storage (issue 3): store, topics, send, pull, topic admin, name server, registration. Before the rest.
+    from broker.processors.storage import add_storage_services
+
+    add_storage_services(broker)
+
     # Coordination (issue 4): consumer groups, queue locks, consumer offsets. After the store/topic services.
     from broker.processors.consumer import CoordinationService
 
     broker.services.append(CoordinationService(broker))
+
+    # Retries, delay levels, dead letters (issue 5): subscription groups, the schedule service (wires the
+    # store's put hook / tags-code rule / arrivals, so it must exist before the store starts), send-back + DLQ.
+    from broker.processors.retry import RetryService
+    from broker.store.schedule import ScheduleMessageService
+    from broker.store.subscription_groups import SubscriptionGroupManager
+
+    broker.services.append(SubscriptionGroupManager(broker))
+    broker.services.append(ScheduleMessageService(broker))
+    broker.services.append(RetryService(broker))

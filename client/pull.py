@@ -105,6 +105,8 @@ class PullService:
         self._rate = RateLimiter(10_000)
         self.stats: dict[str, int] = {"pulls": 0, "found": 0, "messages": 0, "no_new": 0, "errors": 0,
                                       "flow_control": 0, "filtered_out": 0, "offset_illegal": 0}
+        self.on_pull_rt: Callable[[MessageQueue, float], None] | None = None
+        """Told the duration (s) of every answered PULL_MESSAGE (the push consumer's metrics)."""
 
     def bind(self, nursery: trio.Nursery) -> None:
         """The nursery pull loops run in (the consumer's)."""
@@ -208,6 +210,7 @@ class PullService:
         sys_flag = build_pull_sys_flag(commit_offset > 0, True, True)
 
         self.stats["pulls"] += 1
+        started = trio.current_time()
         try:
             addr = await self.client.find_broker_addr(mq.broker_name, mq.topic)
             if addr is None:
@@ -231,6 +234,8 @@ class PullService:
             log_rate_limited(self._rate, ("pull_error", mq), self.clock(), log.warning, "pull.failed",
                              group=self.consumer_group, mq=str(mq), offset=request.next_offset, error=str(exc))
             return self._later(cfg.pull_time_delay_mills_when_exception)
+        if self.on_pull_rt is not None:
+            self.on_pull_rt(mq, trio.current_time() - started)
 
         if pq.dropped:
             return None

@@ -16,6 +16,7 @@ from types import TracebackType
 
 import trio
 
+from client.tls import sign_request
 from protocol.address import parse_address
 from protocol.codes import ResponseCode, code_name
 from protocol.command import RemotingCommand
@@ -150,11 +151,14 @@ class RemotingClient:
         connect_timeout_s: float = 3.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         ssl_context: ssl.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
+        """``credentials=(access_key, secret_key)`` signs every request for a broker with ACL on."""
         self.default_timeout_s = default_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_frame_bytes = max_frame_bytes
         self.ssl_context = ssl_context
+        self.credentials = credentials
         self._channels: dict[str, _Channel] = {}
         self._connecting: dict[str, trio.Lock] = {}
         self._handlers: dict[int, ServerRequestHandler] = {}
@@ -209,7 +213,8 @@ class RemotingClient:
             except trio.TooSlowError:
                 raise RemotingConnectError(f"connecting to {addr} timed out after {self.connect_timeout_s}s") from None
             except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
-                raise RemotingConnectError(f"cannot connect to {addr}: {exc}") from None
+                # trio wraps a failed TLS handshake in an empty BrokenResourceError: report the SSL error
+                raise RemotingConnectError(f"cannot connect to {addr}: {str(exc) or exc.__cause__!r}") from None
             ch = _Channel(self, addr, stream)
             self._channels[addr] = ch
             self._nursery.start_soon(self._run_channel, ch)
@@ -236,6 +241,8 @@ class RemotingClient:
         send, recv = trio.open_memory_channel[RemotingCommand](1)
         ch.pending[opaque] = send
         try:
+            if self.credentials is not None:
+                sign_request(cmd, *self.credentials)  # ACL: docs/SECURITY.md
             ch.send_frame(encode_frame(cmd, self.max_frame_bytes))
             with trio.move_on_after(timeout) as scope:
                 try:
@@ -256,6 +263,8 @@ class RemotingClient:
         ch = await self._channel(addr)
         cmd.opaque = next(self._opaques)
         cmd.flag |= 2
+        if self.credentials is not None:
+            sign_request(cmd, *self.credentials)  # ACL: docs/SECURITY.md
         ch.send_frame(encode_frame(cmd, self.max_frame_bytes))
 
     def close_address(self, addr: str) -> None:

@@ -62,7 +62,7 @@ def host_bytes(host: Host) -> bytes:
     return ipaddress.ip_address(ip).packed + _I32.pack(port)
 
 
-def _host_from(buf: bytes | memoryview, pos: int, v6: bool) -> tuple[Host, int]:
+def _host_from(buf: bytes | bytearray | memoryview, pos: int, v6: bool) -> tuple[Host, int]:
     n = 16 if v6 else 4
     ip = socket.inet_ntop(socket.AF_INET6 if v6 else socket.AF_INET, bytes(buf[pos : pos + n]))
     (port,) = _I32.unpack_from(buf, pos + n)

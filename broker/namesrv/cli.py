@@ -1,11 +1,59 @@
-"""``trimq-namesrv``: run a standalone name server."""
+"""``trimq-namesrv``: run a standalone name server until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import click
+import trio
+
+from broker.config import ConfigError, describe_settings, load_settings
+from protocol.logs import configure_logging, get_logger
+
+log = get_logger("trimq.namesrv.cli")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
-    """Run a trimq name server (not yet: arrives with the storage issue)."""
-    click.echo("trimq-namesrv: not yet implemented")
+@click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9876; port 0 = any free port).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file ([namesrv] section).")
+@click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def main(listen: str | None, config_file: str | None, print_config: bool, log_format: str, log_level: str) -> None:
+    """Run a trimq name server: brokers register here, clients ask it for topic routes.
+
+    Settings come from defaults, then --config FILE (TOML, [namesrv] section), then TRIMQ_NAMESRV_*
+    environment variables, then flags. SIGINT/SIGTERM stop it gracefully (exit status 0). It writes
+    nothing to disk.
+    """
+    from broker.cli import run_until_signalled
+    from broker.namesrv.service import NamesrvConfig, serve_namesrv
+
+    configure_logging(log_format, log_level)
+    try:
+        config = load_settings(NamesrvConfig, config_file=config_file, env_prefix="TRIMQ_NAMESRV_",
+                               overrides={"listen": listen}, section="namesrv")
+    except ConfigError as exc:
+        click.echo(f"trimq-namesrv: invalid configuration: {exc}", err=True)
+        sys.exit(2)
+    if print_config:
+        click.echo(json.dumps({s["name"]: s["value"] for s in describe_settings(config)}, indent=2))
+        return
+    holder: dict[str, object] = {}
+
+    async def runner() -> None:
+        async with trio.open_nursery() as nursery:
+            holder["ns"] = await nursery.start(serve_namesrv, config)
+
+    def shutdown() -> None:
+        ns = holder.get("ns")
+        if ns is not None:
+            ns.server.shutdown()  # type: ignore[attr-defined]
+
+    try:
+        trio.run(run_until_signalled, runner, shutdown)
+    except OSError as exc:
+        click.echo(f"trimq-namesrv: cannot start: {exc}", err=True)
+        sys.exit(1)

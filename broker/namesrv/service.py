@@ -1,0 +1,224 @@
+"""The name server: RouteInfoManager behind REGISTER_BROKER, UNREGISTER_BROKER, GET_ROUTEINFO_BY_TOPIC,
+GET_BROKER_CLUSTER_INFO and GET_ALL_TOPIC_LIST_FROM_NAMESERVER.
+
+``NameServer`` registers its handlers on any RemotingServer: its own (``open_namesrv``, the
+``trimq-namesrv`` daemon) or a broker's (``--embedded-namesrv``: ``NamesrvService``, same port). A broker is
+dropped after ``broker_channel_expired_ms`` (120 s) without a registration, or at once when the connection
+it registered over closes. Liveness uses the trio clock, so tests can run it under MockClock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from broker.config import setting, validate_dataclass
+from broker.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
+from broker.server import Connection, RemotingServer, RequestError
+from protocol.address import parse_address
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
+from protocol.frame import DEFAULT_MAX_FRAME_BYTES
+from protocol.logs import get_logger
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+
+log = get_logger("trimq.namesrv")
+
+__all__ = ["NameServer", "NamesrvConfig", "NamesrvService", "open_namesrv"]
+
+
+@dataclass
+class NamesrvConfig:
+    """Settings of a standalone name server (``[namesrv]`` section of a TOML file, ``TRIMQ_*`` env)."""
+
+    listen: str = setting("127.0.0.1:9876", "HOST:PORT to listen on; port 0 picks a free port")
+    broker_channel_expired_ms: int = setting(BROKER_CHANNEL_EXPIRED_MS, "drop a broker silent this long",
+                                             min=1_000, max=3_600_000)
+    scan_not_active_broker_interval_ms: int = setting(10_000, "how often silent brokers are looked for",
+                                                      min=100, max=600_000)
+    max_frame_bytes: int = setting(DEFAULT_MAX_FRAME_BYTES, "largest frame accepted, bytes", min=1024,
+                                   max=2**31 - 1)
+    max_connections: int = setting(10_000, "concurrent connections", min=1, max=1_000_000)
+    shutdown_grace_ms: int = setting(2_000, "on SIGTERM, how long in-flight requests may finish", min=0,
+                                     max=600_000)
+
+    def validate(self) -> NamesrvConfig:
+        validate_dataclass(self)
+        try:
+            parse_address(self.listen)
+        except ValueError as exc:
+            from broker.config import ConfigError
+
+            raise ConfigError(f"listen = {self.listen!r}: {exc}") from None
+        return self
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class NameServer:
+    """Route tables plus the request handlers, attached to ``server``."""
+
+    def __init__(self, server: RemotingServer, *, expire_ms: int = BROKER_CHANNEL_EXPIRED_MS,
+                 scan_interval_ms: int = 10_000) -> None:
+        self.server = server
+        self.routes = RouteInfoManager(expire_ms)
+        self.scan_interval_ms = scan_interval_ms
+        reg = server.register
+        reg(RequestCode.REGISTER_BROKER, self.register_broker)
+        reg(RequestCode.UNREGISTER_BROKER, self.unregister_broker)
+        reg(RequestCode.GET_ROUTEINFO_BY_TOPIC, self.get_routeinfo_by_topic)
+        reg(RequestCode.GET_BROKER_CLUSTER_INFO, self.get_broker_cluster_info)
+        reg(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self.get_all_topic_list)
+        server.on_connection_closed(self._on_connection_closed)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def run_scanner(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Drop brokers that stopped registering (every ``scan_interval_ms``)."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.scan_interval_ms / 1000)
+            for addr in self.routes.scan_not_active_broker(_now_ms()):
+                log.warning("namesrv.broker_expired", broker_addr=addr, after_ms=self.routes.expire_ms)
+
+    def _on_connection_closed(self, conn: Connection) -> None:
+        for addr in self.routes.on_channel_destroy(conn.id):
+            log.info("namesrv.broker_disconnected", broker_addr=addr)
+
+    # -- in-process use (embedded name server) -------------------------------------------------------------
+    def register_local(self, *, cluster: str, broker_addr: str, broker_name: str, broker_id: int,
+                       topic_config_table: dict[str, dict[str, Any]], data_version: Any = None) -> None:
+        """Register a broker of this process directly (no connection: only expiry can drop it)."""
+        first = self.routes.register_broker(
+            cluster=cluster, broker_addr=broker_addr, broker_name=broker_name, broker_id=broker_id,
+            topic_config_table=topic_config_table, now_ms=_now_ms(), channel=None, data_version=data_version,
+        )
+        if first:
+            log.info("namesrv.broker_registered", broker_addr=broker_addr, broker_name=broker_name,
+                     cluster=cluster, topics=len(topic_config_table), embedded=True)
+
+    # -- handlers -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _broker_fields(ext: dict[str, Any]) -> tuple[str, str, str, int]:
+        out = []
+        for name in ("brokerAddr", "brokerName", "clusterName"):
+            v = ext.get(name)
+            if not isinstance(v, str) or not v:
+                raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be a non-empty string")
+            out.append(v)
+        bid = ext.get("brokerId", 0)
+        if isinstance(bid, str) and bid.lstrip("-").isdigit():
+            bid = int(bid)
+        if type(bid) is not int:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field 'brokerId' must be an integer, got {bid!r}")
+        try:
+            parse_address(out[0])
+        except ValueError as exc:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field 'brokerAddr': {exc}") from None
+        return out[0], out[1], out[2], bid
+
+    async def register_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        addr, name, cluster, bid = self._broker_fields(cmd.ext)
+        body = cmd.body if cmd.body is not None else {}
+        if not isinstance(body, dict):
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "REGISTER_BROKER body must be a map")
+        table = body.get("topicConfigTable", {})
+        if not isinstance(table, dict):
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "topicConfigTable must be a map")
+        try:
+            first = self.routes.register_broker(
+                cluster=cluster, broker_addr=addr, broker_name=name, broker_id=bid, topic_config_table=table,
+                now_ms=_now_ms(), channel=conn.id, data_version=body.get("dataVersion"),
+            )
+        except ValueError as exc:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
+        if first:
+            log.info("namesrv.broker_registered", broker_addr=addr, broker_name=name, cluster=cluster,
+                     broker_id=bid, topics=len(table), remote=conn.remote)
+        bd = self.routes.broker_addr_table.get(name)
+        master = bd.broker_addrs.get(0, "") if bd else ""
+        return RemotingCommand.response_to(cmd, ext={"masterAddr": master, "haServerAddr": ""})
+
+    async def unregister_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        addr, name, cluster, bid = self._broker_fields(cmd.ext)
+        if self.routes.unregister_broker(cluster=cluster, broker_addr=addr, broker_name=name, broker_id=bid):
+            log.info("namesrv.broker_unregistered", broker_addr=addr, broker_name=name, cluster=cluster)
+        return RemotingCommand.response_to(cmd)
+
+    async def get_routeinfo_by_topic(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        topic = cmd.ext.get("topic")
+        if not isinstance(topic, str):
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "header field 'topic' must be a string")
+        route = self.routes.pickup_topic_route_data(topic)
+        if route is None:
+            raise RequestError(ResponseCode.TOPIC_NOT_EXIST,
+                               f"No topic route info in name server for the topic: {topic}")
+        return RemotingCommand.response_to(cmd, body=route)
+
+    async def get_broker_cluster_info(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return RemotingCommand.response_to(cmd, body=self.routes.get_all_cluster_info())
+
+    async def get_all_topic_list(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return RemotingCommand.response_to(cmd, body={"topicList": self.routes.get_all_topic_list()})
+
+
+@asynccontextmanager
+async def open_namesrv(listen: str = "127.0.0.1:0", *, config: NamesrvConfig | None = None
+                       ) -> AsyncIterator[NameServer]:
+    """Run a standalone name server for the duration of the block: ``async with open_namesrv(addr) as ns``."""
+    cfg = config or NamesrvConfig(listen=listen)
+    async with trio.open_nursery() as nursery:
+        ns: NameServer = await nursery.start(serve_namesrv, cfg)
+        try:
+            yield ns
+        finally:
+            ns.server.shutdown()
+
+
+async def serve_namesrv(config: NamesrvConfig, *,
+                        task_status: trio.TaskStatus[NameServer] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run a name server until ``ns.server.shutdown()`` (then drain, bounded by ``shutdown_grace_ms``)."""
+    config.validate()
+    server = RemotingServer(name="namesrv", max_frame_bytes=config.max_frame_bytes,
+                            max_connections=config.max_connections, shutdown_grace_s=config.shutdown_grace_ms / 1000)
+    ns = NameServer(server, expire_ms=config.broker_channel_expired_ms,
+                    scan_interval_ms=config.scan_not_active_broker_interval_ms)
+    host, port = parse_address(config.listen)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ns.run_scanner)
+        async with trio.open_nursery() as serving:
+            await serving.start(server.serve, host, port)
+            log.info("namesrv.started", address=server.address)
+            task_status.started(ns)
+        nursery.cancel_scope.cancel()
+    log.info("namesrv.stopped")
+
+
+class NamesrvService:
+    """The name server inside a broker (``--embedded-namesrv``): same port, same process."""
+
+    name = "namesrv"
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.namesrv = NameServer(broker.server)
+        broker.components["namesrv"] = self.namesrv
+
+    async def start(self) -> None:
+        pass
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.namesrv.run_scanner(task_status=task_status)
+
+    async def stop(self) -> None:
+        pass

@@ -1,0 +1,145 @@
+"""Broker registration with the name servers (RocketMQ's BrokerOuterAPI.registerBrokerAll).
+
+Every ``register_broker_interval_ms`` (30 s) and soon after any topic change, the broker sends
+REGISTER_BROKER with its topic table to each ``namesrv_addr`` over a persistent connection, and registers
+in-process with the embedded name server when there is one. When the broker starts draining it sends
+UNREGISTER_BROKER, so clients stop getting routes to it at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from broker.outbound import OutboundClient, OutboundError
+from protocol.address import format_address, parse_address
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
+from protocol.logs import RateLimiter, get_logger
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+
+log = get_logger("trimq.register")
+
+__all__ = ["RegisterService", "advertised_host"]
+
+_UNSPECIFIED = {"", "0.0.0.0", "::", "*"}
+REQUEST_TIMEOUT_S = 3.0
+TOPIC_CHANGE_DEBOUNCE_S = 0.05
+
+
+def advertised_host(broker: Broker) -> tuple[str, int]:
+    """The address other processes reach this broker at (store host in records, address in routes):
+    ``broker_ip`` if set, else the listen host (127.0.0.1 for a wildcard), with the port actually bound."""
+    cfg = broker.config
+    host, port = parse_address(cfg.listen)
+    if broker.server.addresses:
+        port = broker.server.addresses[0][1]
+    if cfg.broker_ip:
+        host = cfg.broker_ip
+    elif host in _UNSPECIFIED or host == "localhost":
+        host = "127.0.0.1"
+    return host, port
+
+
+class RegisterService:
+    name = "register"
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.topics = broker.components["topic_config_manager"]
+        self.topics.listeners.append(self._on_topic_change)
+        self._changed = trio.Event()
+        self._limiter = RateLimiter(interval_ms=30_000)
+        self.registrations = 0  # successful registration rounds (tests)
+        self.registered = trio.Event()
+        self.draining = False  # once unregistered for a shutdown, never register again
+
+    def _on_topic_change(self, topic: str) -> None:
+        self._changed.set()
+
+    @property
+    def broker_addr(self) -> str:
+        host, port = advertised_host(self.broker)
+        return format_address(host, port)
+
+    def _ext(self) -> dict[str, Any]:
+        return {"brokerAddr": self.broker_addr, "brokerName": self.config.broker_name,
+                "clusterName": self.config.cluster_name, "brokerId": 0}
+
+    async def start(self) -> None:
+        pass
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        async with OutboundClient(max_frame_bytes=self.config.max_frame_bytes) as oc, trio.open_nursery() as nursery:
+            await self.broker.started.wait()
+            nursery.start_soon(self._unregister_on_drain, oc)
+            interval = self.config.register_broker_interval_ms / 1000
+            while True:
+                await self.register_all(oc)
+                with trio.move_on_after(interval):
+                    await self._changed.wait()
+                    await trio.sleep(TOPIC_CHANGE_DEBOUNCE_S)  # coalesce a burst of topic creations
+                self._changed = trio.Event()
+
+    async def stop(self) -> None:
+        pass
+
+    async def register_all(self, oc: OutboundClient) -> None:
+        """One registration round: the embedded name server, then every configured one (concurrently)."""
+        if self.draining:
+            return
+        table = self.topics.table_json()
+        version = dict(self.topics.data_version)
+        ns = self.broker.components.get("namesrv")
+        if ns is not None:
+            ns.register_local(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
+                              broker_name=self.config.broker_name, broker_id=0, topic_config_table=table,
+                              data_version=version)
+        body = {"topicConfigTable": table, "dataVersion": version}
+        async with trio.open_nursery() as nursery:
+            for addr in self.config.namesrv_addrs:
+                nursery.start_soon(self._register_one, oc, addr, body)
+        self.registrations += 1
+        self.registered.set()
+
+    async def _register_one(self, oc: OutboundClient, addr: str, body: dict[str, Any]) -> None:
+        cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, self._ext(), body)
+        try:
+            resp = await oc.request(addr, cmd, REQUEST_TIMEOUT_S)
+        except OutboundError as exc:
+            if self._limiter.allow(addr, int(trio.current_time() * 1000)) is not None:
+                log.warning("register.failed", namesrv=addr, error=str(exc))
+            return
+        if resp.code != ResponseCode.SUCCESS:
+            log.warning("register.refused", namesrv=addr, code=resp.code, remark=resp.remark)
+
+    async def _unregister_on_drain(self, oc: OutboundClient) -> None:
+        shutting_down = getattr(self.broker.server, "_shutdown", None)
+        if not isinstance(shutting_down, trio.Event):
+            return
+        await shutting_down.wait()
+        await self.unregister_all(oc)
+
+    async def unregister_all(self, oc: OutboundClient) -> None:
+        self.draining = True
+        ns = self.broker.components.get("namesrv")
+        if ns is not None:
+            ns.routes.unregister_broker(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
+                                        broker_name=self.config.broker_name, broker_id=0)
+        with trio.move_on_after(1.0):
+            async with trio.open_nursery() as nursery:
+                for addr in self.config.namesrv_addrs:
+                    nursery.start_soon(self._unregister_one, oc, addr)
+
+    async def _unregister_one(self, oc: OutboundClient, addr: str) -> None:
+        cmd = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, self._ext())
+        try:
+            await oc.request(addr, cmd, 1.0)
+            log.info("register.unregistered", namesrv=addr)
+        except OutboundError as exc:
+            log.info("register.unregister_failed", namesrv=addr, error=str(exc))

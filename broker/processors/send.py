@@ -1,0 +1,214 @@
+"""SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE (RocketMQ's SendMessageProcessor).
+
+Checks, in RocketMQ's order: the topic name (SYSTEM_ERROR, RocketMQ's TopicValidator code), topics clients
+may not send to (NO_PERMISSION), message and property sizes (MESSAGE_ILLEGAL), the topic config
+(auto-created with ``default_topic_queue_nums`` queues when enabled, else TOPIC_NOT_EXIST), the queue id
+(SYSTEM_ERROR "request queueId[..] is illegal"; a negative id picks a random queue, as RocketMQ does). Only
+then is anything stored, so a rejected request leaves the store as it was. The born host is the
+connection's peer address; the store host is the broker's address.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from broker.server import RequestError
+from broker.store.message_store import MessageStore, PutMessageStatus, PutResult
+from broker.store.topics import TopicConfig, TopicConfigManager
+from protocol.address import parse_address
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
+from protocol.message import MAX_PROPERTIES_BYTES
+from protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+    from broker.server import Connection
+
+__all__ = ["SendService", "int_field", "str_field"]
+
+#: Topics producers may not send to (RocketMQ's TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET, trimq's subset).
+NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC})
+
+_STATUS_CODE = {
+    PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutMessageStatus.CREATE_MAPPED_FILE_FAILED: ResponseCode.SYSTEM_ERROR,
+    PutMessageStatus.OS_PAGECACHE_BUSY: ResponseCode.SYSTEM_ERROR,
+    PutMessageStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+}
+
+
+def int_field(ext: dict[str, Any], name: str, default: int | None = None) -> int:
+    """An int header field; RequestError(SYSTEM_ERROR) naming the field when it is missing or not an int."""
+    v = ext.get(name, default)
+    if v is None:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} is missing")
+    if type(v) is not int:
+        if isinstance(v, str):
+            try:
+                return int(v)  # RocketMQ's extFields are strings; accept them from such clients
+            except ValueError:
+                pass
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be an integer, got {v!r}")
+    return v
+
+
+def str_field(ext: dict[str, Any], name: str, default: str | None = None) -> str:
+    """A str header field; RequestError(SYSTEM_ERROR) naming the field when it is missing or not a str."""
+    v = ext.get(name, default)
+    if v is None:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} is missing")
+    if not isinstance(v, str):
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be a string, got {v!r}")
+    return v
+
+
+def born_host_of(conn: Connection) -> tuple[str, int]:
+    """The peer address of ``conn`` as ``(ip, port)`` (cached on the connection)."""
+    host = conn.attributes.get("_born_host")
+    if host is None:
+        try:
+            host = parse_address(conn.remote)
+        except ValueError:
+            host = ("0.0.0.0", 0)
+        conn.attributes["_born_host"] = host
+    return host  # type: ignore[no-any-return]
+
+
+class SendService:
+    """Registers the send handlers; ``broker.components["store"]`` and ``["topic_config_manager"]`` must exist."""
+
+    name = "send"
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store: MessageStore = broker.components["store"]
+        self.topics: TopicConfigManager = broker.components["topic_config_manager"]
+        self.max_message_size = broker.config.max_message_size
+        self._valid_topics: set[str] = set()  # names already checked (the regex costs more than the lookup)
+        broker.server.register(RequestCode.SEND_MESSAGE, self.send_message)
+        broker.server.register(RequestCode.SEND_MESSAGE_V2, self.send_message)
+        broker.server.register(RequestCode.SEND_BATCH_MESSAGE, self.send_batch_message)
+
+    async def start(self) -> None:
+        pass
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def stop(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------------------------------------
+    def _check(self, ext: dict[str, Any], conn: Connection, sizes: list[tuple[int, int]]) -> tuple[TopicConfig, int]:
+        """RocketMQ's msgCheck; returns the topic config and the queue id to use."""
+        raw = ext.get("topic")
+        if not isinstance(raw, str) or raw not in self._valid_topics:
+            try:
+                check_topic(raw)
+            except InvalidNameError as exc:
+                raise RequestError(ResponseCode.SYSTEM_ERROR, f"the specified topic is invalid: {exc}") from None
+        topic: str = raw  # type: ignore[assignment]  # check_topic accepted it: a valid str
+        if len(self._valid_topics) < 100_000:
+            self._valid_topics.add(topic)
+        if topic in NOT_ALLOWED_SEND_TOPICS:
+            raise RequestError(ResponseCode.NO_PERMISSION, f"sending message to topic[{topic}] is forbidden")
+        for body_len, props_len in sizes:
+            if props_len > MAX_PROPERTIES_BYTES:
+                raise RequestError(
+                    ResponseCode.MESSAGE_ILLEGAL,
+                    f"message properties are {props_len} bytes; the maximum is {MAX_PROPERTIES_BYTES}",
+                )
+            if body_len > self.max_message_size:
+                raise RequestError(
+                    ResponseCode.MESSAGE_ILLEGAL,
+                    f"message body is {body_len} bytes; the maximum is {self.max_message_size}",
+                )
+        queue_id = int_field(ext, "queueId")
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            cfg = self.topics.auto_create_topic(topic)
+            if cfg is None:
+                raise RequestError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not cfg.writable:
+            raise RequestError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
+        valid = max(cfg.write_queue_nums, cfg.read_queue_nums)
+        if queue_id >= valid:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR,
+                f"request queueId[{queue_id}] is illegal, topic[{topic}] has {valid} queues, Producer: {conn.remote}",
+            )
+        if queue_id < 0:
+            queue_id = random.randrange(max(1, cfg.write_queue_nums))
+        return cfg, queue_id
+
+    def _response(self, cmd: RemotingCommand, res: PutResult, msg_id: str) -> RemotingCommand:
+        code = _STATUS_CODE.get(res.status, ResponseCode.SYSTEM_ERROR)
+        if code == ResponseCode.SUCCESS or code == ResponseCode.FLUSH_DISK_TIMEOUT:
+            ext = {"msgId": msg_id, "queueId": res.queue_id, "queueOffset": res.queue_offset}
+            return RemotingCommand.response_to(cmd, code, res.remark or None, ext)
+        return RemotingCommand.response_to(cmd, code, f"{res.status.value}: {res.remark}")
+
+    async def send_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        ext = cmd.ext
+        body = cmd.body
+        if not isinstance(body, bytes):
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "the message body is missing (it must be bin)")
+        props = str_field(ext, "properties", "")
+        cfg, queue_id = self._check(ext, conn, [(len(body), len(props))])
+        topic = cfg.topic_name
+        if topic.startswith("%RETRY%"):
+            # Issue 5: RocketMQ's handleRetryAndDLQ (exhausted retries go to %DLQ%group at once).
+            from broker.processors.retry import handle_retry_and_dlq
+
+            max_rt = None if ext.get("maxReconsumeTimes") is None else int_field(ext, "maxReconsumeTimes")
+            topic, queue_id, props = await handle_retry_and_dlq(
+                self.broker, topic, queue_id, props, int_field(ext, "reconsumeTimes", 0), max_rt)
+        res = await self.store.put_message(
+            topic, queue_id, body, props,
+            flag=int_field(ext, "flag", 0), sys_flag=int_field(ext, "sysFlag", 0),
+            born_timestamp=int_field(ext, "bornTimestamp", 0), born_host=born_host_of(conn),
+            reconsume_times=int_field(ext, "reconsumeTimes", 0),
+        )
+        return self._response(cmd, res, res.msg_id)
+
+    async def send_batch_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        ext = cmd.ext
+        items = cmd.body
+        if not isinstance(items, list) or not items:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a batch body must be a non-empty array of messages")
+        messages: list[tuple[bytes, str, int]] = []
+        append = messages.append
+        max_body = max_props = 0
+        for i, item in enumerate(items):
+            try:
+                body = item["body"]
+                props = item.get("properties", "")
+                flag = item.get("flag", 0)
+            except (TypeError, KeyError, AttributeError):
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                                   f"batch message {i} is not a map with a 'body'") from None
+            if type(body) is not bytes or type(props) is not str or type(flag) is not int:
+                what = ("body must be bin" if type(body) is not bytes else
+                        "properties must be a string" if type(props) is not str else "flag must be an integer")
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message {i}: {what}")
+            append((body, props, flag))
+            if len(body) > max_body:
+                max_body = len(body)
+            if len(props) > max_props:
+                max_props = len(props)
+        sizes = [(max_body, max_props)]
+        cfg, queue_id = self._check(ext, conn, sizes)
+        res = await self.store.put_messages(
+            cfg.topic_name, queue_id, messages, sys_flag=int_field(ext, "sysFlag", 0),
+            born_timestamp=int_field(ext, "bornTimestamp", 0), born_host=born_host_of(conn),
+            reconsume_times=int_field(ext, "reconsumeTimes", 0),
+        )
+        return self._response(cmd, res, ",".join(res.msg_ids))

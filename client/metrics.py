@@ -1,0 +1,173 @@
+"""Prometheus metrics of push consumers (prometheus-client), in a registry passed in or one per consumer.
+
+Event metrics are updated as things happen; state metrics are read from the live consumers when the
+registry is scraped (a custom collector), so they cost nothing between scrapes and vanish with a consumer.
+
+=================================================  =========  ====================================================
+name                                               type       labels / meaning
+=================================================  =========  ====================================================
+trimq_consumer_consume_latency_seconds             histogram  group, topic: one listener call
+trimq_consumer_consumed_messages_total             counter    group, topic, result=ok|failed
+trimq_consumer_pull_latency_seconds                histogram  group, topic: one PULL_MESSAGE (long polls included)
+trimq_consumer_send_back_total                     counter    group, how=broker|retry_topic|failed
+trimq_consumer_rebalance_total                     counter    group: rebalance passes
+trimq_consumer_rebalance_duration_seconds          histogram  group
+trimq_consumer_process_queue_messages              gauge      group, topic, broker, queue_id: cached, not committed
+trimq_consumer_process_queue_bytes                 gauge      same: their body bytes
+trimq_consumer_locked_queues                       gauge      group: orderly queues locked on the broker
+trimq_consumer_queue_blocked_seconds               gauge      group, topic, broker, queue_id: orderly queue
+                                                              retrying one message, for how long
+trimq_consumer_queue_blocked_attempts              gauge      same: failed attempts of that message
+trimq_consumer_pulls_total                         counter    group, outcome=pulls|found|no_new|errors|...
+trimq_consumer_dead_letters_total                  counter    group: messages this consumer dead-lettered
+=================================================  =========  ====================================================
+
+Several consumers may share a registry: the families are created once per registry and labelled by group.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+__all__ = ["ConsumerMetrics", "MetricsSource", "QueueState"]
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+PULL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0)
+QUEUE_LABELS = ["group", "topic", "broker", "queue_id"]
+
+
+@dataclass
+class QueueState:
+    """One held queue, as the state collector reports it."""
+
+    topic: str
+    broker: str
+    queue_id: int
+    messages: int
+    bytes: int
+    locked: bool
+    blocked_seconds: float | None = None
+    blocked_attempts: int = 0
+
+
+class MetricsSource(Protocol):
+    """What the state collector reads from a consumer at scrape time."""
+
+    @property
+    def group_name(self) -> str: ...
+
+    def metrics_state(self) -> tuple[list[QueueState], dict[str, int], int]:
+        """(held queues, pull counters, dead letters)."""
+        ...
+
+
+class _StateCollector:
+    """Reads every attached consumer's state at scrape time."""
+
+    def __init__(self) -> None:
+        self.sources: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def describe(self) -> list[Metric]:
+        return []  # no fixed series; names are unique to this module
+
+    def collect(self) -> Iterator[Metric]:
+        msgs = GaugeMetricFamily("trimq_consumer_process_queue_messages",
+                                 "Messages cached by a process queue and not yet committed", labels=QUEUE_LABELS)
+        size = GaugeMetricFamily("trimq_consumer_process_queue_bytes",
+                                 "Body bytes of the messages cached by a process queue", labels=QUEUE_LABELS)
+        locked = GaugeMetricFamily("trimq_consumer_locked_queues",
+                                   "Orderly queues this consumer holds locked on the broker", labels=["group"])
+        blocked = GaugeMetricFamily("trimq_consumer_queue_blocked_seconds",
+                                    "How long an orderly queue has been retrying one message", labels=QUEUE_LABELS)
+        attempts = GaugeMetricFamily("trimq_consumer_queue_blocked_attempts",
+                                     "Failed attempts of the message an orderly queue is blocked on",
+                                     labels=QUEUE_LABELS)
+        pulls = CounterMetricFamily("trimq_consumer_pulls", "Pull requests by outcome",
+                                    labels=["group", "outcome"])
+        dlq = CounterMetricFamily("trimq_consumer_dead_letters", "Messages this consumer dead-lettered",
+                                  labels=["group"])
+        for src in list(self.sources):
+            group = src.group_name
+            queues, pull_stats, dead = src.metrics_state()
+            n_locked = 0
+            for q in queues:
+                labels = [group, q.topic, q.broker, str(q.queue_id)]
+                msgs.add_metric(labels, q.messages)
+                size.add_metric(labels, q.bytes)
+                n_locked += q.locked
+                if q.blocked_seconds is not None:
+                    blocked.add_metric(labels, q.blocked_seconds)
+                    attempts.add_metric(labels, q.blocked_attempts)
+            locked.add_metric([group], n_locked)
+            for outcome, value in sorted(pull_stats.items()):
+                pulls.add_metric([group, outcome], value)
+            dlq.add_metric([group], dead)
+        yield from (msgs, size, locked, blocked, attempts, pulls, dlq)
+
+
+class _Families:
+    """The event metrics of one registry (created once, shared by the consumers using it)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.consume_latency = Histogram("trimq_consumer_consume_latency_seconds", "Duration of one listener call",
+                                         ["group", "topic"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.consumed = Counter("trimq_consumer_consumed_messages", "Messages consumed, by result",
+                                ["group", "topic", "result"], registry=registry)
+        self.pull_latency = Histogram("trimq_consumer_pull_latency_seconds",
+                                      "Duration of one PULL_MESSAGE (long polling included)", ["group", "topic"],
+                                      buckets=PULL_BUCKETS, registry=registry)
+        self.send_back = Counter("trimq_consumer_send_back", "Messages sent back for a retry or a dead letter",
+                                 ["group", "how"], registry=registry)
+        self.rebalances = Counter("trimq_consumer_rebalance", "Rebalance passes", ["group"], registry=registry)
+        self.rebalance_duration = Histogram("trimq_consumer_rebalance_duration_seconds",
+                                            "Duration of one rebalance pass", ["group"], buckets=LATENCY_BUCKETS,
+                                            registry=registry)
+        self.state = _StateCollector()
+        registry.register(self.state)
+
+
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
+
+
+class ConsumerMetrics:
+    """The metrics of one consumer group member; ``registry`` defaults to a new one for this consumer."""
+
+    def __init__(self, group: str, registry: CollectorRegistry | None = None) -> None:
+        self.group = group
+        self.registry = registry if registry is not None else CollectorRegistry()
+        fam = _FAMILIES.get(self.registry)
+        if fam is None:
+            fam = _FAMILIES[self.registry] = _Families(self.registry)
+        self._f = fam
+
+    def attach(self, source: MetricsSource) -> None:
+        """Report ``source``'s state at every scrape (until it is garbage or :meth:`detach` is called)."""
+        self._f.state.sources.add(source)
+
+    def detach(self, source: MetricsSource) -> None:
+        self._f.state.sources.discard(source)
+
+    def observe_consume(self, topic: str, seconds: float) -> None:
+        self._f.consume_latency.labels(self.group, topic).observe(seconds)
+
+    def count_consumed(self, topic: str, ok: int, failed: int) -> None:
+        if ok:
+            self._f.consumed.labels(self.group, topic, "ok").inc(ok)
+        if failed:
+            self._f.consumed.labels(self.group, topic, "failed").inc(failed)
+
+    def observe_pull(self, topic: str, seconds: float) -> None:
+        self._f.pull_latency.labels(self.group, topic).observe(seconds)
+
+    def count_send_back(self, how: str) -> None:
+        self._f.send_back.labels(self.group, how).inc()
+
+    def observe_rebalance(self, seconds: float) -> None:
+        self._f.rebalances.labels(self.group).inc()
+        self._f.rebalance_duration.labels(self.group).observe(seconds)

@@ -1,0 +1,168 @@
+"""Transport security: TLS round trips with a throwaway CA (trustme), mutual TLS, plain clients against a TLS
+port, and the loopback-only listen defaults."""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trustme
+
+from broker.broker import Broker, open_broker
+from broker.config import BrokerConfig, ConfigError
+from broker.server import RemotingServer, server_ssl_context
+from client.remoting import RemotingClient, RemotingConnectError, RemotingError
+from client.tls import TlsConfigError, client_ssl_context
+from protocol import RemotingCommand, RequestCode, ResponseCode
+from protocol.address import parse_address
+
+
+@dataclass
+class Pki:
+    ca: str
+    cert: str
+    key: str
+    client_cert: str  # certificate and key in one file
+    other_ca: str  # a CA that signed nothing here
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
+    server.private_key_pem.write_to_path(str(d / "server.key"))
+    client = ca.issue_cert("client.trimq.test")
+    client.private_key_and_cert_chain_pem.write_to_path(str(d / "client.pem"))
+    trustme.CA().cert_pem.write_to_path(str(d / "other-ca.pem"))
+    return Pki(ca=str(d / "ca.pem"), cert=str(d / "server.pem"), key=str(d / "server.key"),
+               client_cert=str(d / "client.pem"), other_ca=str(d / "other-ca.pem"))
+
+
+@asynccontextmanager
+async def tls_broker(tmp_path: Path, pki: Pki, **kw: Any) -> AsyncIterator[Broker]:
+    config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"), tls_cert_file=pki.cert,
+                          tls_key_file=pki.key, **kw)
+    async with open_broker(config) as broker:
+        yield broker
+
+
+async def runtime_info(rc: RemotingClient, addr: str) -> RemotingCommand:
+    return await rc.invoke(addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 5)
+
+
+async def test_tls_round_trip(tmp_path: Path, pki: Pki) -> None:
+    async with tls_broker(tmp_path, pki) as broker, \
+            RemotingClient(ssl_context=client_ssl_context(pki.ca)) as rc:
+        resp = await runtime_info(rc, broker.address)
+        assert resp.ok and resp.body["brokerName"] == "broker-a"
+        big = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {"pad": "x" * 300_000})
+        assert (await rc.invoke(broker.address, big, 5)).ok  # frames larger than one TLS record
+
+
+async def test_plain_client_against_tls_port_fails_cleanly(tmp_path: Path, pki: Pki) -> None:
+    async with tls_broker(tmp_path, pki) as broker:
+        async with RemotingClient(connect_timeout_s=2) as plain:
+            with pytest.raises(RemotingError):
+                await plain.invoke(broker.address, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 3)
+        # raw garbage too
+        host, port = parse_address(broker.address)
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(b"\x00\x00\x00\x05hello" * 10)
+        with trio.fail_after(5):
+            while await stream.receive_some(4096):
+                pass  # the broker closes the connection
+        await stream.aclose()
+        async with RemotingClient(ssl_context=client_ssl_context(pki.ca)) as rc:
+            assert (await runtime_info(rc, broker.address)).ok
+
+
+async def test_client_rejects_a_server_it_cannot_verify(tmp_path: Path, pki: Pki) -> None:
+    async with tls_broker(tmp_path, pki) as broker:
+        async with RemotingClient(ssl_context=client_ssl_context(pki.other_ca)) as rc:
+            with pytest.raises(RemotingConnectError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+                await runtime_info(rc, broker.address)
+        async with RemotingClient(ssl_context=client_ssl_context(pki.ca)) as rc:
+            assert (await runtime_info(rc, broker.address)).ok
+
+
+async def test_tls_client_against_plain_port_fails_cleanly(tmp_path: Path, pki: Pki) -> None:
+    config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"))
+    async with open_broker(config) as broker:
+        async with RemotingClient(ssl_context=client_ssl_context(pki.ca), connect_timeout_s=2) as rc:
+            with pytest.raises(RemotingConnectError):
+                await runtime_info(rc, broker.address)
+        async with RemotingClient() as plain:
+            assert (await runtime_info(plain, broker.address)).ok
+
+
+async def test_mutual_tls(tmp_path: Path, pki: Pki) -> None:
+    async with tls_broker(tmp_path, pki, tls_ca_file=pki.ca, tls_require_client_cert=True) as broker:
+        async with RemotingClient(ssl_context=client_ssl_context(pki.ca), connect_timeout_s=2) as no_cert:
+            # TLS 1.3: the refusal may only show once the client reads, as a broken connection
+            with pytest.raises(RemotingError):
+                await runtime_info(no_cert, broker.address)
+        with_cert = client_ssl_context(pki.ca, cert=pki.client_cert)
+        async with RemotingClient(ssl_context=with_cert) as rc:
+            assert (await runtime_info(rc, broker.address)).ok
+
+
+async def test_tls_with_acl(tmp_path: Path, pki: Pki) -> None:
+    acl = tmp_path / "acl.toml"
+    acl.write_text('[[accounts]]\naccess_key = "tls-user"\nsecret_key = "tls-secret"\n')
+    async with tls_broker(tmp_path, pki, acl_file=str(acl)) as broker:
+        ctx = client_ssl_context(pki.ca)
+        async with RemotingClient(ssl_context=ctx) as anon, \
+                RemotingClient(ssl_context=ctx, credentials=("tls-user", "tls-secret")) as user:
+            assert (await runtime_info(anon, broker.address)).code == ResponseCode.NO_PERMISSION
+            assert (await runtime_info(user, broker.address)).ok
+
+
+async def test_remoting_server_serve_with_ssl_context(pki: Pki) -> None:
+    async def echo(cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        return RemotingCommand.response_to(cmd, body=cmd.body)
+
+    server = RemotingServer(name="tls-echo")
+    server.register(1000, echo)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: server.serve("127.0.0.1", 0, task_status=task_status,
+                                                             ssl_context=server_ssl_context(pki.cert, pki.key)))
+        async with RemotingClient(ssl_context=client_ssl_context(pki.ca)) as rc:
+            assert (await rc.invoke(server.address, RemotingCommand.request(1000, body=b"hi"), 5)).body == b"hi"
+        server.shutdown()
+
+
+def test_bad_tls_settings_are_config_errors(tmp_path: Path, pki: Pki) -> None:
+    base: dict[str, Any] = {"listen": "127.0.0.1:0", "store_dir": str(tmp_path)}
+    with pytest.raises(ConfigError, match="tls_key_file"):
+        BrokerConfig(**base, tls_key_file=pki.key).validate()
+    with pytest.raises(ConfigError, match="tls_require_client_cert"):
+        BrokerConfig(**base, tls_cert_file=pki.cert, tls_key_file=pki.key, tls_require_client_cert=True).validate()
+    with pytest.raises(ConfigError, match=r"TLS: certificate .*missing\.pem"):
+        Broker(BrokerConfig(**base, tls_cert_file=str(tmp_path / "missing.pem")))
+    with pytest.raises(ConfigError, match="TLS: certificate"):
+        Broker(BrokerConfig(**base, tls_cert_file=pki.ca))  # a certificate without its key
+    with pytest.raises(TlsConfigError, match=r"CA file .*nope\.pem: no such file"):
+        client_ssl_context(str(tmp_path / "nope.pem"))
+    with pytest.raises(TlsConfigError, match="without its certificate"):
+        client_ssl_context(pki.ca, key=pki.key)
+    ctx = client_ssl_context(pki.ca)
+    assert ctx.minimum_version >= ssl.TLSVersion.TLSv1_2 and ctx.check_hostname
+
+
+def test_daemons_listen_on_loopback_by_default() -> None:
+    from broker.namesrv.service import NamesrvConfig
+
+    for listen in (BrokerConfig().listen, NamesrvConfig().listen):
+        host, _ = parse_address(listen)
+        assert ipaddress.ip_address(host).is_loopback, listen
+    assert ipaddress.ip_address(BrokerConfig().metrics_host).is_loopback

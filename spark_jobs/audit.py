@@ -1,0 +1,521 @@
+"""The nightly audit of a trimq (or RocketMQ 4.x) store: checks, Parquet tables, summary.json, report.html.
+
+Use ``run_audit(spark, AuditOptions(...))`` from Python, ``trimq-audit`` from a shell, or
+``spark-submit .../spark_jobs/audit.py --store DIR --out DIR`` on a cluster (with
+``--py-files trimq-deps.zip``, see docs/AUDIT.md). The checks and their meaning are in
+``spark_jobs.checks`` and docs/AUDIT.md.
+
+Outputs under ``--out``:
+
+* ``records/`` -- the audited records (no bodies), Parquet;
+* ``findings/check=<name>/`` -- every finding of every check, Parquet, one schema (``checks.FINDINGS_DDL``);
+* ``lineage/`` -- one row per retried message (ORIGIN_MESSAGE_ID) with its chain, Parquet;
+* ``throughput/``, ``sizes/``, ``lag/``, ``group_retries/``, ``poison_keys/`` -- Parquet;
+* ``summary.json`` -- counts and the first examples of each check, and the exit code;
+* ``report.html`` -- the same for people, with inline SVG charts (no external assets).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+if __name__ == "__main__" and __package__ in (None, ""):
+    # Run as a script by spark-submit: import the package from this checkout, not from spark_jobs/.
+    _here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spark_jobs import checks
+from spark_jobs.commitlog_source import CQ_FORMAT_NAME, FORMAT_NAME, register
+from spark_jobs.parser import DEFAULT_SPLIT_SIZE, SegmentPathError, resolve_segments
+from spark_jobs.report import render_report
+
+EXIT_CLEAN = 0
+EXIT_DEFECTS = 1
+EXIT_USAGE = 2
+EXIT_ERROR = 3
+
+SUMMARY_VERSION = 1
+CHART_TOPICS = 8
+CHART_BUCKETS = 360
+
+
+class UsageError(ValueError):
+    """Bad command-line input (exit code 2)."""
+
+
+@dataclass
+class AuditOptions:
+    """What to audit and how. ``offsets`` None means ``<store>/config/consumerOffset.json`` if present."""
+
+    store: str
+    out: str
+    offsets: str | None = None
+    since_ms: int | None = None
+    split_size: int = DEFAULT_SPLIT_SIZE
+    example_limit: int = 20
+    top_keys: int = 10
+    fail_on_dlq: bool = False
+    write_records: bool = True
+    now_ms: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Input parsing
+
+
+_REL = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def parse_since(text: str, now_ms: int | None = None) -> int:
+    """``--since``: epoch milliseconds, an ISO-8601 time (UTC if no zone), or a duration before now
+    (``90m``, ``24h``, ``7d``). Raises UsageError otherwise."""
+    s = text.strip()
+    if s.isdigit():
+        return int(s)
+    m = _REL.match(s)
+    if m:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return now - int(m.group(1)) * _UNIT_MS[m.group(2)]
+    try:
+        dt = datetime.fromisoformat(s)
+    except ValueError:
+        raise UsageError(
+            f"--since {text!r}: expected epoch milliseconds, an ISO time (2024-05-01T00:00:00Z) or a duration (24h)"
+        ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1000)
+
+
+def load_consumer_offsets(path: str) -> list[dict[str, Any]]:
+    """Rows (group, topic, queue_id, consumer_offset) from RocketMQ's consumerOffset.json layout."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"--offsets {path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--offsets {path}: not readable JSON ({exc})") from None
+    table = doc.get("offsetTable") if isinstance(doc, dict) else None
+    if not isinstance(table, dict):
+        raise UsageError(f"--offsets {path}: no 'offsetTable' object (RocketMQ consumerOffset.json layout)")
+    rows = []
+    for topic_group, queues in table.items():
+        topic, sep, group = str(topic_group).rpartition("@")
+        if not sep or not topic or not group or not isinstance(queues, dict):
+            raise UsageError(f"--offsets {path}: entry {topic_group!r} is not '<topic>@<group>': {{qid: offset}}")
+        for qid, off in queues.items():
+            try:
+                rows.append({"group": group, "topic": topic, "queue_id": int(qid), "consumer_offset": int(off)})
+            except (TypeError, ValueError):
+                raise UsageError(
+                    f"--offsets {path}: {topic_group} queue {qid!r} offset {off!r} is not an integer"
+                ) from None
+    return rows
+
+
+def validate(opts: AuditOptions) -> list[str]:
+    """Check the options before starting Spark; returns the segment files. Raises UsageError."""
+    store = Path(opts.store).expanduser()
+    if not store.is_dir():
+        raise UsageError(f"--store {opts.store}: not a directory")
+    try:
+        segments = resolve_segments(str(store))
+    except SegmentPathError as exc:
+        raise UsageError(f"--store: {exc}") from None
+    out = Path(opts.out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {opts.out}: exists and is not a directory")
+    store_r = store.resolve()
+    for sub in ("commitlog", "consumequeue", "config", "index"):
+        protected = store_r / sub
+        if out in (store_r, protected) or protected in out.parents:
+            raise UsageError(f"--out {opts.out}: refusing to write inside the store's {sub}/ (or the store itself)")
+    if opts.split_size <= 0:
+        raise UsageError(f"--split-size must be positive, got {opts.split_size}")
+    if opts.example_limit < 0:
+        raise UsageError("--examples must be >= 0")
+    if opts.offsets is not None and not Path(opts.offsets).is_file():
+        raise UsageError(f"--offsets {opts.offsets}: no such file")
+    return segments
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "asDict"):
+        return _jsonable(v.asDict(recursive=True))
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    return v
+
+
+def _rows(df: DataFrame) -> list[dict[str, Any]]:
+    return [_jsonable(r.asDict(recursive=True)) for r in df.collect()]
+
+
+def _write_small(rows: Sequence[dict[str, Any]], schema: pa.Schema, path: Path) -> None:
+    """Write a small driver-side table as one Parquet file in a directory (Spark reads it as a table)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("*.parquet"):
+        old.unlink()
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    pq.write_table(table, path / "part-00000.parquet")
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def _chart_bucket_ms(first: int | None, last: int | None) -> int:
+    if first is None or last is None or last <= first:
+        return 60_000
+    minutes = math.ceil((last - first) / 60_000 / CHART_BUCKETS)
+    return max(1, minutes) * 60_000
+
+
+# ---------------------------------------------------------------------------------------------------
+# The audit
+
+
+def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
+    """Run every check on ``opts.store`` and write the outputs to ``opts.out``. Returns the summary."""
+    started = time.time()
+    segments = validate(opts)
+    store = Path(opts.store).expanduser().resolve()
+    out = Path(opts.out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    now_ms = opts.now_ms if opts.now_ms is not None else int(time.time() * 1000)
+    offsets_path = opts.offsets
+    if offsets_path is None and (store / "config" / "consumerOffset.json").is_file():
+        offsets_path = str(store / "config" / "consumerOffset.json")
+    consumer_offsets = load_consumer_offsets(offsets_path) if offsets_path else None
+    cq_dir = store / "consumequeue"
+    has_cq = cq_dir.is_dir() and any(cq_dir.iterdir())
+    first_base = min((int(os.path.basename(s)) for s in segments if os.path.basename(s).isdigit()), default=0)
+
+    register(spark)
+    spark.sparkContext.setJobGroup("trimq-audit", f"audit of {store}")
+    parsed = (
+        spark.read.format(FORMAT_NAME)
+        .option("splitSize", str(opts.split_size))
+        .option("includeBody", "false")
+        .load(str(store))
+        .drop("body")
+    )
+    limit = opts.example_limit
+    outputs: dict[str, str] = {}
+    cached: list[DataFrame] = []
+
+    def progress(msg: str) -> None:
+        if opts.extra.get("progress"):
+            print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        # 1. Parse the segments once. Without --since, the records table is the whole store: write it
+        # and let every check read it back (columnar, no cache). Otherwise keep the parse in Spark's
+        # cache (memory, then spark.local.dir) and write only the window.
+        progress("reading the commit log")
+        if opts.write_records and opts.since_ms is None:
+            parsed.write.mode("overwrite").parquet(str(out / "records"))
+            outputs["records"] = str(out / "records")
+            all_records = records = spark.read.parquet(str(out / "records"))
+        else:
+            all_records = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(all_records)
+            if opts.since_ms is not None:
+                in_window = F.col("malformed") | (F.col("store_timestamp") >= F.lit(opts.since_ms))
+                records = all_records.where(in_window)
+            else:
+                records = all_records
+            if opts.write_records:
+                records.write.mode("overwrite").parquet(str(out / "records"))
+                outputs["records"] = str(out / "records")
+        window_min_offset = None
+        if opts.since_ms is not None:
+            window_min_offset = records.where(~F.col("malformed")).agg(F.min("physical_offset")).collect()[0][0]
+        progress("records read")
+
+        # 2. Findings of every check, in one table.
+        progress("running the checks")
+        parts = [
+            checks.integrity(records),
+            checks.offsets(records),
+            checks.key_queues(records),
+            checks.born_order(records),
+            checks.dead_letters(records),
+        ]
+        if has_cq:
+            units = spark.read.format(CQ_FORMAT_NAME).load(str(store)).persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(units)
+            parts.append(
+                checks.consume_queue(
+                    records, all_records, units, commitlog_min_offset=first_base,
+                    window_min_offset=window_min_offset,
+                )
+            )
+        queue_end_rows: list[dict[str, Any]] = []
+        if consumer_offsets is not None:
+            ends = checks.queue_ends(all_records)
+            if has_cq:
+                cq_ends = units.groupBy("topic", "queue_id").agg((F.max("cq_offset") + 1).alias("cq_max_offset"))
+                ends = ends.join(cq_ends, ["topic", "queue_id"], "full_outer")
+            else:
+                ends = ends.withColumn("cq_max_offset", F.lit(None).cast("bigint"))
+            queue_end_rows = _rows(ends)
+            progress("queue ends")
+        lag_rows, ahead = _lag(consumer_offsets, queue_end_rows)
+        if ahead:
+            schema = spark.createDataFrame([], checks.FINDINGS_DDL).schema
+            ahead_rows = [tuple(a.get(c) for c in checks.FINDINGS_COLUMNS) for a in ahead]
+            parts.append(spark.createDataFrame(ahead_rows, schema))
+        findings = parts[0]
+        for p in parts[1:]:
+            findings = findings.unionByName(p)
+        findings.write.mode("overwrite").partitionBy("check").parquet(str(out / "findings"))
+        outputs["findings"] = str(out / "findings")
+        progress("findings written")
+        written = spark.read.schema(checks.FINDINGS_DDL).parquet(str(out / "findings"))
+        check_results = _summarise_findings(written, limit)
+
+        # 3. Lineage, groups, poison keys.
+        progress("retry and dead-letter lineage")
+        chains = checks.lineage(records, all_records)
+        chains.write.mode("overwrite").parquet(str(out / "lineage"))
+        outputs["lineage"] = str(out / "lineage")
+        progress("lineage written")
+        lin = spark.read.parquet(str(out / "lineage"))
+        lin_examples = _rows(
+            lin.orderBy(F.desc("dead_lettered"), F.desc("retries"), "group", "origin").limit(limit)
+        )
+        progress("lineage examples")
+        group_rows = sorted(_rows(checks.group_retry_stats(records)), key=lambda r: r["group"])
+        poison_rows = sorted(_rows(checks.poison_keys(records, opts.top_keys)), key=lambda r: (r["group"], r["rank"]))
+        _write_small(group_rows, _GROUP_SCHEMA, out / "group_retries")
+        _write_small(poison_rows, _POISON_SCHEMA, out / "poison_keys")
+        outputs["group_retries"] = str(out / "group_retries")
+        outputs["poison_keys"] = str(out / "poison_keys")
+
+        # 4. Volume.
+        progress("throughput and sizes")
+        checks.throughput(records).write.mode("overwrite").parquet(str(out / "throughput"))
+        outputs["throughput"] = str(out / "throughput")
+        # Small results are sorted here, not by Spark (a global sort is an extra sampling job).
+        size_rows = sorted(_rows(checks.size_distribution(records)), key=lambda r: (-r["messages"], r["topic"]))
+        for r in size_rows:
+            pct = r.pop("p50_p90_p99") or [None, None, None]
+            r["p50_size"], r["p90_size"], r["p99_size"] = pct
+        _write_small(size_rows, _SIZE_SCHEMA, out / "sizes")
+        outputs["sizes"] = str(out / "sizes")
+        first_ts = min((r["first_store_timestamp"] for r in size_rows if r["first_store_timestamp"] is not None),
+                       default=None)
+        last_ts = max((r["last_store_timestamp"] for r in size_rows if r["last_store_timestamp"] is not None),
+                      default=None)
+        bucket_ms = _chart_bucket_ms(first_ts, last_ts)
+        top_topics = [r["topic"] for r in size_rows[:CHART_TOPICS]]
+        chart_rows = (
+            _rows(
+                checks.throughput(records.where(F.col("topic").isin(top_topics)), bucket_ms)
+                .select("topic", "minute_ms", "messages")
+            )
+            if top_topics
+            else []
+        )
+        _write_small(lag_rows, _LAG_SCHEMA, out / "lag")
+        outputs["lag"] = str(out / "lag")
+    finally:
+        for cached_df in cached:
+            cached_df.unpersist()
+
+    # 5. Summary. Totals come from the per-topic sizes, the malformed kinds and the per-group counts.
+    messages = sum(int(r["messages"]) for r in size_rows)
+    integrity_kinds = check_results["integrity"]["by_kind"]
+    malformed_rows = sum(n for k, n in integrity_kinds.items() if k not in ("crc_mismatch", "offset_mismatch"))
+    dlq_count = check_results["dead_letters"]["count"]
+    defect_checks = list(checks.DEFECT_CHECKS) + (["dead_letters"] if opts.fail_on_dlq else [])
+    for name, res in check_results.items():
+        res["severity"] = "defect" if name in defect_checks else "info"
+    check_results["consume_queue"]["checked"] = has_cq
+    check_results["consumer_offsets"]["checked"] = consumer_offsets is not None
+    defects = sum(check_results[c]["count"] for c in defect_checks)
+    exit_code = EXIT_DEFECTS if defects else EXIT_CLEAN
+    lag_total = sum(r["lag"] or 0 for r in lag_rows)
+    summary: dict[str, Any] = {
+        "version": SUMMARY_VERSION,
+        "store": str(store),
+        "out": str(out),
+        "generated_at": _iso(now_ms),
+        "since": opts.since_ms,
+        "since_iso": _iso(opts.since_ms),
+        "offsets_file": offsets_path,
+        "spark": {"master": spark.sparkContext.master, "version": spark.version},
+        "elapsed_s": None,
+        "records": {
+            "segments": len(segments),
+            "segment_bytes": sum(os.path.getsize(s) for s in segments),
+            "rows": messages + malformed_rows,
+            "messages": messages,
+            "malformed_rows": malformed_rows,
+            "message_bytes": sum(int(r["bytes"] or 0) for r in size_rows),
+            "topics": len(size_rows),
+            "first_store_timestamp": first_ts,
+            "last_store_timestamp": last_ts,
+            "first_store_time": _iso(first_ts),
+            "last_store_time": _iso(last_ts),
+        },
+        "checks": check_results,
+        "lineage": {
+            "chains": sum(int(r["messages"] or 0) for r in group_rows),
+            "dead_lettered": sum(int(r["dead_lettered"] or 0) for r in group_rows),
+            "retry_deliveries": sum(int(r["retries"] or 0) for r in group_rows),
+            "dlq_arrivals": dlq_count,
+            "per_group": group_rows,
+            "top_poison_keys": poison_rows,
+            "examples": lin_examples,
+        },
+        "lag": {
+            "checked": consumer_offsets is not None,
+            "total_lag": lag_total,
+            "rows": len(lag_rows),
+            "queues": lag_rows[: max(limit, 0) * 10],
+        },
+        "throughput": {"bucket_ms": bucket_ms, "per_topic": size_rows},
+        "defects": defects,
+        "clean": defects == 0,
+        "exit_code": exit_code,
+        "outputs": outputs,
+    }
+    summary["elapsed_s"] = round(time.time() - started, 2)
+    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=False) + "\n")
+    outputs["summary"] = str(out / "summary.json")
+    html = render_report(summary, chart_rows=chart_rows, lag_rows=lag_rows, group_rows=group_rows)
+    (out / "report.html").write_text(html, encoding="utf-8")
+    outputs["report"] = str(out / "report.html")
+    progress(f"done: {defects} defect(s)")
+    return summary
+
+
+_GROUP_SCHEMA = pa.schema(
+    [("group", pa.string()), ("retries", pa.int64()), ("scheduled", pa.int64()), ("dlq_arrivals", pa.int64()),
+     ("messages", pa.int64()), ("dead_lettered", pa.int64())]
+)
+_POISON_SCHEMA = pa.schema(
+    [("group", pa.string()), ("key", pa.string()), ("dlq_arrivals", pa.int64()), ("rank", pa.int32())]
+)
+_SIZE_SCHEMA = pa.schema(
+    [("topic", pa.string()), ("messages", pa.int64()), ("bytes", pa.int64()), ("min_size", pa.int64()),
+     ("max_size", pa.int64()), ("first_store_timestamp", pa.int64()), ("last_store_timestamp", pa.int64()),
+     ("queues", pa.int64()), ("p50_size", pa.int64()), ("p90_size", pa.int64()), ("p99_size", pa.int64())]
+)
+_LAG_SCHEMA = pa.schema(
+    [("group", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()), ("consumer_offset", pa.int64()),
+     ("max_offset", pa.int64()), ("max_offset_source", pa.string()), ("lag", pa.int64())]
+)
+
+
+def _lag(
+    consumer_offsets: list[dict[str, Any]] | None, queue_ends: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Lag rows per (group, topic, queue) and ``consumer_offsets`` findings for offsets past the end."""
+    if consumer_offsets is None:
+        return [], []
+    ends = {(r["topic"], r["queue_id"]): r for r in queue_ends}
+    rows, ahead = [], []
+    for co in sorted(consumer_offsets, key=lambda r: (r["group"], r["topic"], r["queue_id"])):
+        end = ends.get((co["topic"], co["queue_id"]))
+        max_off, source = None, None
+        if end is not None:
+            if end.get("cq_max_offset") is not None:
+                max_off, source = end["cq_max_offset"], "consumequeue"
+            elif end.get("max_offset") is not None:
+                max_off, source = end["max_offset"], "commitlog"
+        lag = None if max_off is None else max(max_off - co["consumer_offset"], 0)
+        rows.append({**co, "max_offset": max_off, "max_offset_source": source, "lag": lag})
+        if max_off is not None and co["consumer_offset"] > max_off:
+            ahead.append({
+                "check": "consumer_offsets", "kind": "offset_ahead", "topic": co["topic"],
+                "queue_id": co["queue_id"], "queue_offset": co["consumer_offset"], "group": co["group"],
+                "detail": json.dumps({"consumer_offset": co["consumer_offset"], "max_offset": max_off,
+                                      "max_offset_source": source}),
+            })
+    return rows, ahead
+
+
+def _summarise_findings(findings: DataFrame, limit: int) -> dict[str, dict[str, Any]]:
+    """Counts per check and kind, and the first ``limit`` examples per check (in store order)."""
+    results: dict[str, dict[str, Any]] = {
+        name: {"count": 0, "by_kind": {}, "examples": []} for name in checks.ALL_FINDING_CHECKS
+    }
+    order: list[Column | str] = [
+        F.col("physical_offset").asc_nulls_last(), "topic", "queue_id", "queue_offset", "key", "kind", "detail"
+    ]
+    ranked = (
+        findings.withColumn("rank", F.row_number().over(Window.partitionBy("check").orderBy(*order)))
+        .withColumn("kind_rank", F.row_number().over(Window.partitionBy("check", "kind").orderBy(*order)))
+        .withColumn("kind_count", F.count(F.lit(1)).over(Window.partitionBy("check", "kind")))
+    )
+    # One job: the first ``limit`` findings of each check, plus one row per kind to carry its count.
+    wanted = ranked.where((F.col("rank") <= F.lit(limit)) | (F.col("kind_rank") == 1))
+    for r in sorted(wanted.collect(), key=lambda r: (r["check"], r["rank"])):
+        d = r.asDict()
+        res = results.setdefault(d["check"], {"count": 0, "by_kind": {}, "examples": []})
+        if d["kind_rank"] == 1:
+            res["by_kind"][d["kind"]] = d["kind_count"]
+            res["count"] += d["kind_count"]
+        if d["rank"] > limit:
+            continue
+        for k in ("rank", "kind_rank", "kind_count"):
+            d.pop(k)
+        try:
+            d["detail"] = json.loads(d["detail"]) if d.get("detail") else None
+        except ValueError:
+            pass
+        res["examples"].append({k: v for k, v in d.items() if v is not None})
+    return results
+
+
+def audit_store(
+    spark: SparkSession, store_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], **opts: Any
+) -> dict[str, Any]:
+    """One-line audit for tests and notebooks: ``audit_store(spark, store, out, since_ms=...)``."""
+    return run_audit(spark, AuditOptions(store=os.fspath(store_dir), out=os.fspath(out_dir), **opts))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for ``spark-submit spark_jobs/audit.py --store ... --out ...``."""
+    from spark_jobs.cli import main as cli_main
+
+    return cli_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,349 @@
+"""Spark 4 Python data sources over a store directory: ``trimq-commitlog`` and ``trimq-consumequeue``.
+
+``spark.read.format("trimq-commitlog").load(path)`` reads commit-log segments (RocketMQ 4.x record
+layout) as rows; ``path`` is a store dir, a ``commitlog/`` dir or a comma-separated list of segment files.
+Options (case-insensitive):
+
+* ``splitSize`` -- bytes per partition (default 64 MiB; suffixes k/m/g accepted). Partitions are byte
+  ranges of segments that resynchronise on a record boundary; see ``spark_jobs.parser``.
+* ``includeBody`` -- ``true`` to fill the ``body`` column (default ``false``: it stays null).
+* ``batchSize`` -- rows per Arrow batch (default 8192). A task holds one batch and one read window
+  (4 MiB, or one record if larger) at a time, whatever the segment size.
+* ``maxRecordSize`` -- the largest total size taken as plausible when resynchronising (default 4 MiB
+  plus topic and properties, RocketMQ's maxMessageSize).
+
+``spark.read.format("trimq-consumequeue").load(path)`` reads ``consumequeue/<topic>/<qid>/`` files of
+20-byte units (all-zero units, i.e. unwritten ones, are skipped).
+
+Call ``register(spark)`` once per session. The workers import this module and ``spark_jobs.parser``, so
+the package must be importable there (PYTHONPATH locally, ``--py-files`` on a cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from spark_jobs.parser import (
+    COLUMN_INDEX,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_RECORD_SIZE,
+    DEFAULT_SPLIT_SIZE,
+    RowBatch,
+    SegmentPathError,
+    SegmentSplit,
+    SplitScanner,
+    plan_splits,
+    resolve_segments,
+)
+
+FORMAT_NAME = "trimq-commitlog"
+CQ_FORMAT_NAME = "trimq-consumequeue"
+CQ_UNIT_SIZE = 20
+
+RECORD_SCHEMA = StructType(
+    [
+        StructField("segment", StringType()),
+        StructField("file_position", LongType()),
+        StructField("physical_offset", LongType()),
+        StructField("total_size", LongType()),
+        StructField("magic", LongType()),
+        StructField("body_crc", IntegerType()),
+        StructField("crc_ok", BooleanType()),
+        StructField("queue_id", IntegerType()),
+        StructField("flag", IntegerType()),
+        StructField("queue_offset", LongType()),
+        StructField("sys_flag", IntegerType()),
+        StructField("born_timestamp", LongType()),
+        StructField("born_host", StringType()),
+        StructField("store_timestamp", LongType()),
+        StructField("store_host", StringType()),
+        StructField("reconsume_times", IntegerType()),
+        StructField("prepared_transaction_offset", LongType()),
+        StructField("topic", StringType()),
+        StructField("properties", MapType(StringType(), StringType())),
+        StructField("keys", StringType()),
+        StructField("tags", StringType()),
+        StructField("body_size", IntegerType()),
+        StructField("msg_id", StringType()),
+        StructField("body", BinaryType()),
+        StructField("malformed", BooleanType()),
+        StructField("error", StringType()),
+    ]
+)
+
+CQ_SCHEMA = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("queue_id", IntegerType()),
+        StructField("cq_offset", LongType()),
+        StructField("commitlog_offset", LongType()),
+        StructField("size", IntegerType()),
+        StructField("tags_code", LongType()),
+        StructField("file", StringType()),
+        StructField("file_position", LongType()),
+    ]
+)
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgKMG]?)i?[bB]?\s*$")
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off", ""}
+
+
+class OptionError(ValueError):
+    """A data source option has a value we cannot use."""
+
+
+def parse_size(value: str | int, what: str = "size") -> int:
+    """``67108864``, ``64m``, ``64MiB``, ``1g`` -> bytes. Raises OptionError for anything else."""
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _SIZE_RE.match(str(value))
+        if not m:
+            raise OptionError(f"{what} {value!r} is not a byte count (e.g. 67108864, 64m, 1g)")
+        n = int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+    if n <= 0:
+        raise OptionError(f"{what} must be positive, got {value!r}")
+    return n
+
+
+def _bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    if name not in options:
+        return default
+    v = str(options[name]).strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise OptionError(f"option {name} must be true or false, got {options[name]!r}")
+
+
+def _path_option(options: Mapping[str, str]) -> str:
+    if "path" in options and str(options["path"]).strip():
+        return str(options["path"])
+    if "paths" in options:  # Spark's encoding of load([a, b])
+        import json
+
+        try:
+            paths = json.loads(options["paths"])
+        except ValueError:
+            paths = [options["paths"]]
+        if paths:
+            return ",".join(str(p) for p in paths)
+    raise OptionError(
+        f"{FORMAT_NAME}: give a path: load(store_dir), load(commitlog_dir) or load('seg1,seg2,...')"
+    )
+
+
+class SplitPartition(InputPartition):
+    """One byte range of one segment (pickled to the worker that reads it); None for an empty store."""
+
+    def __init__(self, split: SegmentSplit | None) -> None:
+        super().__init__(split)
+        self.split = split
+
+
+def batch_to_arrow(batch: RowBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Convert a parser RowBatch to a RecordBatch with exactly ``schema`` (RECORD_SCHEMA as Arrow)."""
+    cols = batch.columns()
+    arrays = []
+    n = len(batch.rows)
+    for field in schema:
+        if field.name == "segment" and n and cols[0].count(cols[0][0]) == n:
+            # One split is one file: a constant column, built without converting n strings.
+            arrays.append(pa.repeat(pa.scalar(cols[0][0], pa.string()), n))
+        elif field.name == "properties":
+            arrays.append(
+                pa.MapArray.from_arrays(
+                    pa.array(batch.prop_offsets, pa.int32()),
+                    pa.array(batch.prop_keys, pa.string()),
+                    pa.array(batch.prop_values, pa.string()),
+                    type=field.type,
+                    mask=pa.array(batch.prop_null, pa.bool_()),
+                )
+            )
+        else:
+            arrays.append(pa.array(cols[COLUMN_INDEX[field.name]], type=field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class CommitLogReader(DataSourceReader):
+    """Plans byte-range partitions on the driver and scans them on the workers."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.path = _path_option(options)
+        self.split_size = parse_size(options.get("splitSize", DEFAULT_SPLIT_SIZE), "splitSize")
+        self.batch_size = parse_size(options.get("batchSize", DEFAULT_BATCH_SIZE), "batchSize")
+        self.max_record_size = parse_size(options.get("maxRecordSize", DEFAULT_MAX_RECORD_SIZE), "maxRecordSize")
+        self.include_body = _bool_option(options, "includeBody", False)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        splits = plan_splits(resolve_segments(self.path), self.split_size)
+        if not splits:
+            return [SplitPartition(None)]
+        return [SplitPartition(s) for s in splits]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        split = getattr(partition, "split", None)
+        if split is None:
+            return
+        schema = to_arrow_schema(RECORD_SCHEMA, timezone="UTC")
+        scanner = SplitScanner(
+            split,
+            include_body=self.include_body,
+            batch_size=self.batch_size,
+            max_record_size=self.max_record_size,
+        )
+        for batch in scanner.batches():
+            yield batch_to_arrow(batch, schema)
+
+
+class CommitLogDataSource(DataSource):
+    """``trimq-commitlog``: commit-log records (RocketMQ 4.x layout) as rows. See the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return RECORD_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        if schema != RECORD_SCHEMA:
+            raise OptionError(f"{FORMAT_NAME} has a fixed schema; do not pass .schema(...) to the reader")
+        return CommitLogReader(self.options)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Consume queues
+
+
+@dataclass(frozen=True)
+class CqFile:
+    path: str
+    topic: str
+    queue_id: int
+    base: int  # byte offset of the file's first unit in the queue's logical file sequence
+
+
+def list_consume_queue_files(path: str) -> list[CqFile]:
+    """The unit files under a store dir's ``consumequeue/`` (or a consumequeue dir itself)."""
+    root = os.path.abspath(os.path.expanduser(path))
+    cq = os.path.join(root, "consumequeue")
+    if os.path.isdir(cq):
+        root = cq
+    if not os.path.isdir(root):
+        raise SegmentPathError(f"{root}: no consumequeue directory")
+    out: list[CqFile] = []
+    for topic in sorted(os.listdir(root)):
+        tdir = os.path.join(root, topic)
+        if not os.path.isdir(tdir):
+            continue
+        for qname in sorted(os.listdir(tdir)):
+            qdir = os.path.join(tdir, qname)
+            if not (qname.isdigit() and os.path.isdir(qdir)):
+                continue
+            for fname in sorted(os.listdir(qdir)):
+                if len(fname) == 20 and fname.isdigit():
+                    out.append(CqFile(os.path.join(qdir, fname), topic, int(qname), int(fname)))
+    return out
+
+
+_CQ_DTYPE = None
+
+
+def read_cq_units(f: CqFile) -> pa.RecordBatch:
+    """All written units of one consume-queue file as a RecordBatch of CQ_SCHEMA."""
+    import numpy as np
+
+    global _CQ_DTYPE
+    if _CQ_DTYPE is None:
+        _CQ_DTYPE = np.dtype([("o", ">i8"), ("s", ">i4"), ("t", ">i8")])
+    with open(f.path, "rb") as fh:
+        data = fh.read()
+    n = len(data) // CQ_UNIT_SIZE
+    units = np.frombuffer(data, dtype=_CQ_DTYPE, count=n)
+    off = units["o"].astype(np.int64)
+    size = units["s"].astype(np.int32)
+    tag = units["t"].astype(np.int64)
+    idx = np.nonzero((off != 0) | (size != 0))[0]
+    pos = idx.astype(np.int64) * CQ_UNIT_SIZE
+    schema = to_arrow_schema(CQ_SCHEMA, timezone="UTC")
+    k = len(idx)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([f.topic] * k, pa.string()),
+            pa.array(np.full(k, f.queue_id, dtype=np.int32)),
+            pa.array((f.base + pos) // CQ_UNIT_SIZE),
+            pa.array(off[idx]),
+            pa.array(size[idx]),
+            pa.array(tag[idx]),
+            pa.array([os.path.basename(f.path)] * k, pa.string()),
+            pa.array(pos),
+        ],
+        schema=schema,
+    )
+
+
+class CqPartition(InputPartition):
+    """A few consume-queue files, read one after the other."""
+
+    def __init__(self, files: tuple[CqFile, ...]) -> None:
+        super().__init__(len(files))
+        self.files = files
+
+
+class ConsumeQueueReader(DataSourceReader):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.path = _path_option(options)
+        self.files_per_partition = int(options.get("filesPerPartition", "16"))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        files = list_consume_queue_files(self.path)
+        n = max(self.files_per_partition, 1)
+        parts = [CqPartition(tuple(files[i : i + n])) for i in range(0, len(files), n)]
+        return parts or [CqPartition(())]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        for f in getattr(partition, "files", ()):
+            batch = read_cq_units(f)
+            if batch.num_rows:
+                yield batch
+
+
+class ConsumeQueueDataSource(DataSource):
+    """``trimq-consumequeue``: consume-queue units (commit-log offset, size, tags code) as rows."""
+
+    @classmethod
+    def name(cls) -> str:
+        return CQ_FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return CQ_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return ConsumeQueueReader(self.options)
+
+
+def register(spark: SparkSession) -> None:
+    """Register both data sources with ``spark`` (idempotent)."""
+    spark.dataSource.register(CommitLogDataSource)
+    spark.dataSource.register(ConsumeQueueDataSource)

@@ -1,0 +1,125 @@
+"""The audit's pure parts (no JVM): option parsing, offsets files, lag, the report, CLI usage errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from audit_stores import StoreBuilder
+
+from spark_jobs import audit, cli
+from spark_jobs.commitlog_source import OptionError, parse_size
+from spark_jobs.report import render_report
+
+
+def test_parse_since_forms() -> None:
+    assert audit.parse_since("1700000000123") == 1_700_000_000_123
+    assert audit.parse_since("2023-11-14T22:13:20Z") == 1_700_000_000_000
+    assert audit.parse_since("2023-11-14T22:13:20") == 1_700_000_000_000  # naive = UTC
+    assert audit.parse_since("2023-11-15T00:13:20+02:00") == 1_700_000_000_000
+    assert audit.parse_since("24h", now_ms=100_000_000) == 100_000_000 - 86_400_000
+    assert audit.parse_since(" 90m ", now_ms=10_000_000) == 10_000_000 - 5_400_000
+    with pytest.raises(audit.UsageError, match="epoch milliseconds"):
+        audit.parse_since("yesterday")
+
+
+def test_parse_size() -> None:
+    assert parse_size("64m") == 64 << 20
+    assert parse_size("2k") == 2048
+    assert parse_size("1GiB") == 1 << 30
+    assert parse_size(" 4096 ") == 4096
+    for bad in ("0", "-1", "lots", "1.5m"):
+        with pytest.raises(OptionError):
+            parse_size(bad, "splitSize")
+
+
+def test_consumer_offsets_file(tmp_path: Path) -> None:
+    f = tmp_path / "consumerOffset.json"
+    f.write_text(json.dumps({"offsetTable": {"Orders@g1": {"0": 5, "1": 7}, "%RETRY%g1@g1": {"0": 0}}}))
+    rows = audit.load_consumer_offsets(str(f))
+    assert {(r["group"], r["topic"], r["queue_id"], r["consumer_offset"]) for r in rows} == {
+        ("g1", "Orders", 0, 5), ("g1", "Orders", 1, 7), ("g1", "%RETRY%g1", 0, 0)}
+    for content, message in (
+        ("{not json", "not readable JSON"),
+        ("[]", "no 'offsetTable'"),
+        (json.dumps({"offsetTable": {"nogroup": {"0": 1}}}), "is not '<topic>@<group>'"),
+        (json.dumps({"offsetTable": {"T@g": {"x": 1}}}), "is not an integer"),
+    ):
+        f.write_text(content)
+        with pytest.raises(audit.UsageError, match=message):
+            audit.load_consumer_offsets(str(f))
+    with pytest.raises(audit.UsageError, match="no such file"):
+        audit.load_consumer_offsets(str(tmp_path / "missing.json"))
+
+
+def test_lag_and_offsets_past_the_end() -> None:
+    offsets = [
+        {"group": "g", "topic": "T", "queue_id": 0, "consumer_offset": 3},
+        {"group": "g", "topic": "T", "queue_id": 1, "consumer_offset": 9},
+        {"group": "g", "topic": "U", "queue_id": 0, "consumer_offset": 1},
+    ]
+    ends = [{"topic": "T", "queue_id": 0, "max_offset": 10, "cq_max_offset": 8},
+            {"topic": "T", "queue_id": 1, "max_offset": 4, "cq_max_offset": None}]
+    rows, ahead = audit._lag(offsets, ends)
+    by_q = {(r["topic"], r["queue_id"]): r for r in rows}
+    assert (by_q[("T", 0)]["lag"], by_q[("T", 0)]["max_offset_source"]) == (5, "consumequeue")
+    assert (by_q[("T", 1)]["lag"], by_q[("T", 1)]["max_offset_source"]) == (0, "commitlog")
+    assert by_q[("U", 0)]["lag"] is None
+    assert [(a["topic"], a["queue_id"], a["kind"]) for a in ahead] == [("T", 1, "offset_ahead")]
+    assert audit._lag(None, ends) == ([], [])
+
+
+def test_validate_refuses_to_write_into_the_store(tmp_path: Path) -> None:
+    StoreBuilder(tmp_path / "s").close()
+    store = str(tmp_path / "s")
+    for out in (store, f"{store}/commitlog", f"{store}/consumequeue/x"):
+        with pytest.raises(audit.UsageError, match="refusing"):
+            audit.validate(audit.AuditOptions(store=store, out=out))
+    assert audit.validate(audit.AuditOptions(store=store, out=f"{store}/audit"))  # beside the data is fine
+    with pytest.raises(audit.UsageError, match="not a directory"):
+        audit.validate(audit.AuditOptions(store=str(tmp_path / "nope"), out=str(tmp_path / "o")))
+
+
+def test_report_is_self_contained_and_escapes_names() -> None:
+    summary = {
+        "store": "/data/<store>", "generated_at": "2024-01-01T00:00:00Z", "since": None, "defects": 1,
+        "exit_code": 1, "records": {"segments": 1, "messages": 2, "malformed_rows": 0, "topics": 1},
+        "checks": {"offsets": {"count": 1, "by_kind": {"gap": 1}, "severity": "defect",
+                               "examples": [{"kind": "gap", "topic": "<script>x</script>", "detail": {"missing": 1}}]}},
+        "throughput": {"bucket_ms": 60_000, "per_topic": []},
+        "lineage": {"chains": 0, "examples": [], "top_poison_keys": []},
+        "lag": {"checked": True}, "outputs": {},
+    }
+    html = render_report(
+        summary,
+        chart_rows=[{"topic": "<script>x</script>", "minute_ms": 60_000 * i, "messages": i} for i in range(5)],
+        lag_rows=[{"group": "g", "topic": "T", "queue_id": 0, "lag": 7, "consumer_offset": 1, "max_offset": 8}],
+        group_rows=[{"group": "g", "retries": 3, "dlq_arrivals": 1}],
+    )
+    assert html.count("<svg") == 3
+    assert "<script" not in html and "&lt;script&gt;" in html
+    assert "http" not in html.replace("http-equiv", "")
+
+
+def test_cli_usage_errors_exit_2_without_starting_spark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--out", str(tmp_path / "o")]) == 2
+    assert "--store and --out are required" in capsys.readouterr().err
+    assert cli.main(["--store", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    StoreBuilder(tmp_path / "s").close()
+    assert cli.main(["--store", str(tmp_path / "s"), "--out", str(tmp_path / "o"), "--split-size", "big"]) == 2
+    assert "--split-size" in capsys.readouterr().err
+    assert cli.main(["--store", str(tmp_path / "s"), "--out", str(tmp_path / "o"), "--since", "when"]) == 2
+    assert cli.main(["--store", str(tmp_path / "s"), "--out", str(tmp_path / "o"), "--conf", "novalue"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--bogus"])
+    assert exc.value.code == 2
+
+
+def test_deps_zip_for_cluster_workers(tmp_path: Path) -> None:
+    import zipfile
+
+    assert cli.main(["--write-py-files", str(tmp_path / "deps.zip")]) == 0
+    names = zipfile.ZipFile(tmp_path / "deps.zip").namelist()
+    assert "spark_jobs/parser.py" in names and "protocol/record.py" in names
+    assert "spark_jobs/log4j2.properties" in names

@@ -1,0 +1,145 @@
+"""The audit job end to end: a clean store, a store with planted defects, and the trimq-audit CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from audit_stores import GROUP, build_clean_store, build_planted_store, write_rocketmq_segments
+
+from spark_jobs.audit import audit_store
+from spark_jobs.checks import DEFECT_CHECKS
+
+pytestmark = pytest.mark.spark
+
+SPLIT = "2000"  # a few partitions per 4 KiB segment
+
+
+def _counts(summary: dict) -> dict[str, dict[str, int]]:
+    return {name: res["by_kind"] for name, res in summary["checks"].items()}
+
+
+def test_clean_store_audits_clean(spark, tmp_path: Path) -> None:
+    info = build_clean_store(tmp_path / "store")
+    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT))
+    assert _counts(summary) == {name: {} for name in (*DEFECT_CHECKS, "dead_letters")}
+    assert summary["exit_code"] == 0 and summary["clean"] and summary["defects"] == 0
+    assert summary["records"]["messages"] == info["messages"]
+    assert summary["records"]["malformed_rows"] == 0
+    assert summary["checks"]["consume_queue"]["checked"] is True
+    # One message retried once, not dead-lettered.
+    lin = summary["lineage"]
+    assert (lin["chains"], lin["dead_lettered"], lin["retry_deliveries"], lin["dlq_arrivals"]) == (1, 0, 1, 0)
+    assert lin["per_group"] == [
+        {"group": GROUP, "retries": 1, "scheduled": 1, "dlq_arrivals": 0, "messages": 1, "dead_lettered": 0}
+    ]
+    # Lag: Orders queues committed at 3..6, retry queue at 1 (its end).
+    lag = {(r["topic"], r["queue_id"]): r for r in summary["lag"]["queues"]}
+    assert lag[(f"%RETRY%{GROUP}", 0)]["lag"] == 0
+    assert all(lag[("Orders", q)]["lag"] > 0 and lag[("Orders", q)]["max_offset_source"] == "consumequeue"
+               for q in range(4))
+    out = tmp_path / "out"
+    assert json.loads((out / "summary.json").read_text())["exit_code"] == 0
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") == 3 and "<script" not in html and "http://" not in html and "https://" not in html
+    assert spark.read.parquet(str(out / "records")).count() == info["messages"]
+    assert spark.read.parquet(str(out / "throughput")).count() > 0
+    assert (out / "lag" / "part-00000.parquet").is_file()
+
+
+def test_planted_defects_are_each_reported_once(spark, tmp_path: Path) -> None:
+    p = build_planted_store(tmp_path / "store")
+    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT), example_limit=5)
+    assert _counts(summary) == {
+        "integrity": {"crc_mismatch": 1, "torn_tail": 1},
+        "offsets": {"gap": 1},
+        "consume_queue": {},
+        "key_queues": {"key_in_many_queues": 1},
+        "born_order": {"born_order_inversion": 2},
+        "consumer_offsets": {},
+        "dead_letters": {"dlq_arrival": 1},
+    }
+    assert summary["defects"] == 6 and summary["exit_code"] == 1
+    ex = {name: res["examples"] for name, res in summary["checks"].items()}
+
+    crc = next(e for e in ex["integrity"] if e["kind"] == "crc_mismatch")
+    assert crc["physical_offset"] == p["flipped"].physical_offset
+    torn = next(e for e in ex["integrity"] if e["kind"] == "torn_tail")
+    assert torn["physical_offset"] == p["torn_at"] and torn["detail"]["region_bytes"] == 68
+
+    [gap] = ex["offsets"]
+    assert (gap["topic"], gap["queue_id"], gap["queue_offset"]) == ("Payments", 1, p["lost_offset"])
+    assert gap["detail"]["missing"] == 1
+
+    [spread] = ex["key_queues"]
+    assert (spread["topic"], spread["key"]) == ("Orders", "order-split")
+    assert [q["queue_id"] for q in spread["detail"]["per_queue"]] == [0, 2]
+
+    inv = sorted((e["key"], e["physical_offset"]) for e in ex["born_order"])
+    inv1, inv2 = p["inversions"]
+    assert inv == [("order-inv1", inv1.physical_offset), ("order-inv2", inv2.physical_offset)]
+
+    [dead] = ex["dead_letters"]
+    assert (dead["group"], dead["key"], dead["physical_offset"]) == (GROUP, "poison-1", p["dead"].physical_offset)
+
+    lin = summary["lineage"]
+    assert (lin["chains"], lin["dead_lettered"], lin["retry_deliveries"], lin["dlq_arrivals"]) == (1, 1, 3, 1)
+    [chain] = lin["examples"]
+    assert chain["origin"] == p["poison"].msg_id and chain["origin_topic"] == "Orders"
+    assert [(s["stage"], s["reconsume_times"], s["delay_level"]) for s in chain["steps"]] == [
+        ("scheduled", 1, 3), ("retry", 1, None), ("scheduled", 2, 4), ("retry", 2, None),
+        ("scheduled", 3, 5), ("retry", 3, None), ("dlq", 4, None),
+    ]
+    assert chain["steps"][0]["delay_ms"] > 0
+    assert lin["top_poison_keys"] == [{"group": GROUP, "key": "poison-1", "dlq_arrivals": 1, "rank": 1}]
+    # Findings are on disk, one partition per check.
+    findings = spark.read.parquet(str(tmp_path / "out" / "findings"))
+    assert findings.count() == 7
+    assert "1</td>" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_bare_rocketmq_commitlog_audits_clean(spark, tmp_path: Path) -> None:
+    """Only commitlog/ (no consume queues, no offsets), RocketMQ-encoded, records table not written."""
+    written = write_rocketmq_segments(tmp_path / "rmq", segment_size=2048)
+    summary = audit_store(spark, tmp_path / "rmq", tmp_path / "out", write_records=False, split_size=1024)
+    assert summary["exit_code"] == 0 and summary["records"]["messages"] == len(written)
+    assert summary["checks"]["consume_queue"]["checked"] is False
+    assert summary["lag"]["checked"] is False and summary["lineage"]["chains"] == 0
+    assert "records" not in summary["outputs"] and not (tmp_path / "out" / "records").exists()
+
+
+AUDIT_BIN = Path(sys.executable).with_name("trimq-audit")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not AUDIT_BIN.exists(), reason="trimq-audit console script not installed in this venv")
+def test_cli_runs_a_windowed_audit_in_its_own_jvm(tmp_path: Path) -> None:
+    """The console script as a user runs it: its own JVM, --since, nothing written to the cwd."""
+    store = tmp_path / "store"
+    info = build_clean_store(store)
+    since = info["builder"].records[len(info["builder"].records) // 2].store_timestamp
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "SPARK_LOCAL_IP", "PYTHONPATH")}
+    proc = subprocess.run(
+        [str(AUDIT_BIN), "--store", str(store), "--out", str(tmp_path / "out"), "--master", "local[2]",
+         "--since", str(since), "--split-size", "2k", "--json", "-q",
+         "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.sql.codegen.wholeStage=false"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["since"] == since and summary["clean"]
+    assert 0 < summary["records"]["messages"] < info["messages"]
+    assert list(cwd.iterdir()) == []
+    # Only the JDK's one unavoidable line; no Spark log banner.
+    noise = [ln for ln in proc.stderr.splitlines() if ln.strip() and "incubator" not in ln]
+    assert noise == [], proc.stderr[-2000:]
+
+    usage = subprocess.run([str(AUDIT_BIN), "--store", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")],
+                           cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 2 and "not a directory" in usage.stderr

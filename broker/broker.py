@@ -59,6 +59,11 @@ class Broker:
         from broker.services import build_services
 
         build_services(self)
+        self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics_port is set
+        if config.metrics_port:
+            from broker.metrics import BrokerMetrics
+
+            self.metrics = BrokerMetrics(self)  # installs its hooks before anything is served
 
     @property
     def address(self) -> str:
@@ -87,6 +92,8 @@ class Broker:
             async with trio.open_nursery() as background:
                 for svc in self.services:
                     await background.start(svc.run)
+                if self.metrics is not None:
+                    await background.start(self.metrics.serve)
                 async with trio.open_nursery() as serving:
                     await serving.start(self.server.serve_listeners, listeners)
                     self._write_address_file()

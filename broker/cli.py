@@ -16,6 +16,14 @@ from protocol.logs import configure_logging, get_logger
 log = get_logger("trimq.broker.cli")
 
 
+def start_error(exc: BaseException) -> OSError | None:
+    """The OSError (port in use, store locked, ...) inside the nursery exception groups, if that is what
+    stopped the daemon: reported as one line, not a traceback."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
+
+
 async def run_until_signalled(runner: Any, shutdown: Any) -> None:
     """Run ``runner(task_status=...)`` and turn SIGINT/SIGTERM into ``shutdown()`` (a graceful stop)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -92,6 +100,9 @@ def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, em
         sys.exit(2)
     try:
         trio.run(run_until_signalled, broker.run, broker.shutdown)
-    except OSError as exc:
-        click.echo(f"trimq-broker: cannot start: {exc}", err=True)
+    except (OSError, BaseExceptionGroup) as exc:
+        err = start_error(exc)
+        if err is None:
+            raise
+        click.echo(f"trimq-broker: cannot start: {err}", err=True)
         sys.exit(1)

@@ -183,11 +183,21 @@ def _coerce(f: dataclasses.Field[Any], raw: str) -> Any:
     return raw
 
 
+#: Tables a TOML file shared by several trimq programs may hold, one per program (docs/CONFIGURATION.md).
+CONFIG_SECTIONS = ("namesrv", "broker", "producer", "consumer", "admin", "audit")
+
+
 def load_settings(cls: type[Any], *, config_file: str | None = None, env_prefix: str = "TRIMQ_",
                   overrides: dict[str, Any] | None = None, section: str | None = None) -> Any:
-    """Build a settings dataclass from defaults < TOML file < environment < ``overrides`` (flags), validated."""
+    """Build a settings dataclass from defaults < TOML file < environment < ``overrides`` (flags), validated.
+
+    The file holds the settings at the top level or in a ``[section]`` table; a table that is not one of
+    :data:`CONFIG_SECTIONS` is refused (a misspelt ``[brokr]`` would otherwise be silently ignored). An
+    error names the setting, the value, what is allowed and where the value came from.
+    """
     names = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if config_file:
         try:
             with open(config_file, "rb") as fh:
@@ -196,25 +206,52 @@ def load_settings(cls: type[Any], *, config_file: str | None = None, env_prefix:
             raise ConfigError(f"config file {config_file}: {exc.strerror or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
-        if section is not None:
-            data = data.get(section, data)
+        unknown = [k for k, v in data.items() if isinstance(v, dict) and k not in CONFIG_SECTIONS]
+        if unknown:
+            raise ConfigError(f"config file {config_file}: unknown section [{unknown[0]}] "
+                              f"(sections: {', '.join(CONFIG_SECTIONS)})")
+        nested = False
+        if section is not None and section in data:
+            if not isinstance(data[section], dict):
+                raise ConfigError(f"config file {config_file}: {section!r} must be a table ([{section}])")
+            data, nested = data[section], True
+        elif section is not None and data and all(isinstance(v, dict) for v in data.values()):
+            # Only other programs' tables: the wrong file, not "use every default".
+            raise ConfigError(f"config file {config_file}: no [{section}] table "
+                              f"(it has {', '.join(f'[{k}]' for k in data)})")
         for k, v in data.items():
             if isinstance(v, dict):
-                continue  # another daemon's section
+                if not nested:
+                    continue  # another program's section
+                raise ConfigError(f"config file {config_file}: unknown setting table [{section}.{k}]")
             if k not in names:
-                raise ConfigError(f"config file {config_file}: unknown setting {k!r}")
+                where = f" in [{section}]" if nested else ""
+                raise ConfigError(f"config file {config_file}: unknown setting {k!r}{where}")
             values[k] = v
+            sources[k] = f"config file {config_file}"
     for name, f in names.items():
-        raw = os.environ.get(env_prefix + name.upper())
+        var = env_prefix + name.upper()
+        raw = os.environ.get(var)
         if raw is not None:
-            values[name] = _coerce(f, raw)
+            try:
+                values[name] = _coerce(f, raw)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (from environment variable {var})") from None
+            sources[name] = f"environment variable {var}"
     for k, v in (overrides or {}).items():
         if v is not None:
             if k not in names:
                 raise ConfigError(f"unknown setting {k!r}")
             values[k] = v
+            sources[k] = "command line"
     obj = cls(**values)
-    obj.validate()
+    try:
+        obj.validate()
+    except ConfigError as exc:
+        name = str(exc).split(" = ", 1)[0]
+        if name in sources:
+            raise ConfigError(f"{exc} (from {sources[name]})") from None
+        raise
     return obj
 
 

@@ -26,7 +26,7 @@ from protocol.codes import ResponseCode, code_name
 from protocol.command import FLAG_ONEWAY, RemotingCommand
 from protocol.errors import ProtocolError
 from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from protocol.logs import get_logger
+from protocol.logs import RateLimiter, get_logger, log_rate_limited
 
 log = get_logger("trimq.server")
 
@@ -157,8 +157,11 @@ class Connection:
                 cmds = decoder.feed(data)
             except ProtocolError as exc:
                 self.server.protocol_errors += 1
-                log.warning("connection.protocol_error", remote=self.remote, conn=self.id,
-                            error=type(exc).__name__, detail=str(exc))
+                # A fuzzer or a wrong client hits this per connection: one line per 10 s, with a count.
+                log_rate_limited(self.server.warn_limiter, "connection.protocol_error", _mono_ms(), log.warning,
+                                 "connection.protocol_error", server=self.server.name, remote=self.remote,
+                                 conn=self.id, error=type(exc).__name__, detail=str(exc),
+                                 protocol_errors=self.server.protocol_errors)
                 return "protocol_error"
             for cmd in cmds:
                 if cmd.is_response:
@@ -238,6 +241,7 @@ class RemotingServer:
         self.protocol_errors = 0
         self.refused_connections = 0
         self.observe: Callable[[int, int, float], None] | None = None
+        self.warn_limiter = RateLimiter(10_000)  # repeated warnings: one line per 10 s and kind, with a count
         self._close_callbacks: list[Callable[[Connection], None]] = []
         self._open_callbacks: list[Callable[[Connection], None]] = []
         self._ids = itertools.count(1)
@@ -273,6 +277,16 @@ class RemotingServer:
     def shutdown(self) -> None:
         """Begin a graceful stop: stop accepting and reading, let in-flight requests finish (bounded)."""
         self._shutdown.set()
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once ``shutdown()`` was called."""
+        return self._shutdown.is_set()
+
+    async def wait_shutdown(self) -> None:
+        """Return when a graceful stop begins: services answer held requests and unregister then, so the
+        drain is quick."""
+        await self._shutdown.wait()
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
@@ -320,7 +334,8 @@ class RemotingServer:
                     stream = await listener.accept()
                 except (OSError, trio.BrokenResourceError) as exc:
                     # e.g. EMFILE: back off instead of spinning, keep serving the connections we have.
-                    log.warning("server.accept_failed", server=self.name, error=str(exc))
+                    log_rate_limited(self.warn_limiter, "server.accept_failed", _mono_ms(), log.warning,
+                                     "server.accept_failed", server=self.name, error=str(exc))
                     await trio.sleep(0.1)
                     continue
                 conns.start_soon(self._serve_connection, stream)
@@ -329,8 +344,9 @@ class RemotingServer:
         remote = _peer_name(stream)
         if len(self.connections) >= self.max_connections:
             self.refused_connections += 1
-            log.warning("connection.refused", server=self.name, remote=remote, reason="max_connections",
-                        limit=self.max_connections)
+            log_rate_limited(self.warn_limiter, "connection.refused", _mono_ms(), log.warning, "connection.refused",
+                             server=self.name, remote=remote, reason="max_connections", limit=self.max_connections,
+                             refused_total=self.refused_connections)
             await trio.aclose_forcefully(stream)
             return
         conn = Connection(self, stream, next(self._ids), remote)
@@ -403,6 +419,10 @@ def tls_listeners(listeners: list[Any], ssl_context: ssl.SSLContext) -> list[Any
     """Wrap TCP listeners so every accepted connection speaks TLS (the handshake runs on first read/write;
     a peer that fails it is just a broken connection)."""
     return [trio.SSLListener(lst, ssl_context, https_compatible=False) for lst in listeners]
+
+
+def _mono_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 def _peer_name(stream: Any) -> str:

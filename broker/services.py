@@ -33,3 +33,9 @@ def build_services(broker: Broker) -> None:
     broker.services.append(SubscriptionGroupManager(broker))
     broker.services.append(ScheduleMessageService(broker))
     broker.services.append(RetryService(broker))
+
+    # Operations (issue 8): admin requests answered through the consumers (running info, skip, offset reset
+    # by time) and topic stats. After coordination: it uses the consumer, lock and offset managers.
+    from broker.processors.admin_forward import AdminForwardService
+
+    broker.services.append(AdminForwardService(broker))

@@ -16,25 +16,27 @@ log = get_logger("trimq.namesrv.cli")
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9876; port 0 = any free port).")
+@click.option("--metrics-port", type=int, help="Prometheus metrics port (0 = off).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file ([namesrv] section).")
 @click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def main(listen: str | None, config_file: str | None, print_config: bool, log_format: str, log_level: str) -> None:
+def main(listen: str | None, metrics_port: int | None, config_file: str | None, print_config: bool, log_format: str,
+         log_level: str) -> None:
     """Run a trimq name server: brokers register here, clients ask it for topic routes.
 
     Settings come from defaults, then --config FILE (TOML, [namesrv] section), then TRIMQ_NAMESRV_*
     environment variables, then flags. SIGINT/SIGTERM stop it gracefully (exit status 0). It writes
     nothing to disk.
     """
-    from broker.cli import run_until_signalled
+    from broker.cli import run_until_signalled, start_error
     from broker.namesrv.service import NamesrvConfig, serve_namesrv
 
     configure_logging(log_format, log_level)
     try:
         config = load_settings(NamesrvConfig, config_file=config_file, env_prefix="TRIMQ_NAMESRV_",
-                               overrides={"listen": listen}, section="namesrv")
+                               overrides={"listen": listen, "metrics_port": metrics_port}, section="namesrv")
     except ConfigError as exc:
         click.echo(f"trimq-namesrv: invalid configuration: {exc}", err=True)
         sys.exit(2)
@@ -54,6 +56,9 @@ def main(listen: str | None, config_file: str | None, print_config: bool, log_fo
 
     try:
         trio.run(run_until_signalled, runner, shutdown)
-    except OSError as exc:
-        click.echo(f"trimq-namesrv: cannot start: {exc}", err=True)
+    except (OSError, BaseExceptionGroup) as exc:
+        err = start_error(exc)
+        if err is None:
+            raise
+        click.echo(f"trimq-namesrv: cannot start: {err}", err=True)
         sys.exit(1)

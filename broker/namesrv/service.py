@@ -47,6 +47,8 @@ class NamesrvConfig:
     max_connections: int = setting(10_000, "concurrent connections", min=1, max=1_000_000)
     shutdown_grace_ms: int = setting(2_000, "on SIGTERM, how long in-flight requests may finish", min=0,
                                      max=600_000)
+    metrics_port: int = setting(0, "Prometheus metrics HTTP port; 0 = off", min=0, max=65535)
+    metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
 
     def validate(self) -> NamesrvConfig:
         validate_dataclass(self)
@@ -71,6 +73,7 @@ class NameServer:
         self.server = server
         self.routes = RouteInfoManager(expire_ms)
         self.scan_interval_ms = scan_interval_ms
+        self.metrics: Any = None  # broker.namesrv.metrics.NamesrvMetrics (standalone, metrics_port set)
         reg = server.register
         reg(RequestCode.REGISTER_BROKER, self.register_broker)
         reg(RequestCode.UNREGISTER_BROKER, self.unregister_broker)
@@ -166,7 +169,27 @@ class NameServer:
         return RemotingCommand.response_to(cmd, body=route)
 
     async def get_broker_cluster_info(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        return RemotingCommand.response_to(cmd, body=self.routes.get_all_cluster_info())
+        body = self.routes.get_all_cluster_info()
+        body.update(self._cluster_info_extension())
+        return RemotingCommand.response_to(cmd, body=body)
+
+    def _cluster_info_extension(self) -> dict[str, Any]:
+        """trimq's additions to ClusterInfo (``trimq-admin cluster list``): per broker address when it last
+        registered (wall clock, from the registration's age on the trio clock) and per broker name its topics."""
+        import time
+
+        now, wall = _now_ms(), time.time_ns() // 1_000_000
+        live = {
+            addr: {"cluster": info.cluster, "brokerName": info.broker_name, "brokerId": info.broker_id,
+                   "lastUpdateTimestamp": wall - (now - info.last_update_ms), "ageMs": now - info.last_update_ms,
+                   "embedded": info.channel is None}
+            for addr, info in sorted(self.routes.broker_live_table.items())
+        }
+        topics: dict[str, list[str]] = {}
+        for topic, qds in sorted(self.routes.topic_queue_table.items()):
+            for name in qds:
+                topics.setdefault(name, []).append(topic)
+        return {"brokerLiveTable": live, "brokerTopicTable": topics}
 
     async def get_all_topic_list(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         return RemotingCommand.response_to(cmd, body={"topicList": self.routes.get_all_topic_list()})
@@ -193,9 +216,15 @@ async def serve_namesrv(config: NamesrvConfig, *,
                             max_connections=config.max_connections, shutdown_grace_s=config.shutdown_grace_ms / 1000)
     ns = NameServer(server, expire_ms=config.broker_channel_expired_ms,
                     scan_interval_ms=config.scan_not_active_broker_interval_ms)
+    if config.metrics_port:
+        from broker.namesrv.metrics import NamesrvMetrics
+
+        ns.metrics = NamesrvMetrics(ns, config.metrics_host, config.metrics_port)
     host, port = parse_address(config.listen)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ns.run_scanner)
+        if ns.metrics is not None:
+            await nursery.start(ns.metrics.serve)
         async with trio.open_nursery() as serving:
             await serving.start(server.serve, host, port)
             log.info("namesrv.started", address=server.address)

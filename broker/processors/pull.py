@@ -102,6 +102,8 @@ class PullService:
         self.long_polling = LongPolling()
         self.store.arrival_listeners.append(self.long_polling.notify)
         broker.components["long_polling"] = self.long_polling
+        #: (topic, group) -> [messages, record bytes] returned by pulls, read by broker/metrics.py at scrape time.
+        self.get_stats: dict[tuple[str, str], list[int]] = {}
         broker.server.register(RequestCode.PULL_MESSAGE, self.pull_message)
 
     async def start(self) -> None:
@@ -110,10 +112,8 @@ class PullService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         # Held pulls must be answered as soon as the broker starts draining, not after their timeout.
-        shutting_down = getattr(self.broker.server, "_shutdown", None)
-        if isinstance(shutting_down, trio.Event):
-            await shutting_down.wait()
-            self.long_polling.shutdown()
+        await self.broker.server.wait_shutdown()
+        self.long_polling.shutdown()
 
     async def stop(self) -> None:
         self.long_polling.shutdown()
@@ -159,6 +159,13 @@ class PullService:
                 hold_ms = self.config.short_polling_time_ms
             result, code = await self._hold(topic, queue_id, result.next_begin_offset, max_nums, tag_codes,
                                             hold_ms, result)
+        if result.message_count:
+            st = self.get_stats.get((topic, group))
+            if st is None:
+                # Group names come from clients: bound the table rather than trust them.
+                st = [0, 0] if len(self.get_stats) >= 100_000 else self.get_stats.setdefault((topic, group), [0, 0])
+            st[0] += result.message_count
+            st[1] += len(result.body)
         return self._response(cmd, code, result)
 
     def _code(self, result: GetMessageResult, offset: int) -> int:

@@ -119,10 +119,7 @@ class RegisterService:
             log.warning("register.refused", namesrv=addr, code=resp.code, remark=resp.remark)
 
     async def _unregister_on_drain(self, oc: OutboundClient) -> None:
-        shutting_down = getattr(self.broker.server, "_shutdown", None)
-        if not isinstance(shutting_down, trio.Event):
-            return
-        await shutting_down.wait()
+        await self.broker.server.wait_shutdown()
         await self.unregister_all(oc)
 
     async def unregister_all(self, oc: OutboundClient) -> None:

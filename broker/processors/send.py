@@ -45,18 +45,31 @@ _STATUS_CODE = {
 }
 
 
-def int_field(ext: dict[str, Any], name: str, default: int | None = None) -> int:
-    """An int header field; RequestError(SYSTEM_ERROR) naming the field when it is missing or not an int."""
+_INT_RANGES = {32: (-(2**31), 2**31 - 1), 64: (-(2**63), 2**63 - 1)}
+
+
+def int_field(ext: dict[str, Any], name: str, default: int | None = None, *, bits: int = 64) -> int:
+    """An int header field within the signed ``bits``-bit range of the record field it fills.
+
+    RequestError(SYSTEM_ERROR) naming the field when it is missing, not an int, or out of range (a value that
+    does not fit would otherwise fail deep in the store's struct packing).
+    """
     v = ext.get(name, default)
     if v is None:
         raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} is missing")
     if type(v) is not int:
         if isinstance(v, str):
             try:
-                return int(v)  # RocketMQ's extFields are strings; accept them from such clients
+                v = int(v)  # RocketMQ's extFields are strings; accept them from such clients
             except ValueError:
-                pass
-        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be an integer, got {v!r}")
+                raise RequestError(ResponseCode.SYSTEM_ERROR,
+                                   f"header field {name!r} must be an integer, got {v!r}") from None
+        else:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be an integer, got {v!r}")
+    lo, hi = _INT_RANGES[bits]
+    if not lo <= v <= hi:
+        raise RequestError(ResponseCode.SYSTEM_ERROR,
+                           f"header field {name!r} = {v} is outside the int{bits} range [{lo}, {hi}]")
     return v
 
 
@@ -93,6 +106,8 @@ class SendService:
         self.topics: TopicConfigManager = broker.components["topic_config_manager"]
         self.max_message_size = broker.config.max_message_size
         self._valid_topics: set[str] = set()  # names already checked (the regex costs more than the lookup)
+        #: topic -> [messages, record bytes] stored by sends, read by broker/metrics.py at scrape time.
+        self.put_stats: dict[str, list[int]] = {}
         broker.server.register(RequestCode.SEND_MESSAGE, self.send_message)
         broker.server.register(RequestCode.SEND_MESSAGE_V2, self.send_message)
         broker.server.register(RequestCode.SEND_BATCH_MESSAGE, self.send_batch_message)
@@ -131,7 +146,7 @@ class SendService:
                     ResponseCode.MESSAGE_ILLEGAL,
                     f"message body is {body_len} bytes; the maximum is {self.max_message_size}",
                 )
-        queue_id = int_field(ext, "queueId")
+        queue_id = int_field(ext, "queueId", bits=32)
         cfg = self.topics.get(topic)
         if cfg is None:
             cfg = self.topics.auto_create_topic(topic)
@@ -148,6 +163,15 @@ class SendService:
         if queue_id < 0:
             queue_id = random.randrange(max(1, cfg.write_queue_nums))
         return cfg, queue_id
+
+    def _count(self, topic: str, res: PutResult) -> None:
+        """Count stored messages per topic for the metrics: a dict update per request, no label lookup."""
+        if res.status is PutMessageStatus.PUT_OK or res.status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
+            st = self.put_stats.get(topic)
+            if st is None:
+                st = self.put_stats[topic] = [0, 0]
+            st[0] += len(res.msg_ids) or 1
+            st[1] += res.wrote_bytes
 
     def _response(self, cmd: RemotingCommand, res: PutResult, msg_id: str) -> RemotingCommand:
         code = _STATUS_CODE.get(res.status, ResponseCode.SYSTEM_ERROR)
@@ -168,15 +192,16 @@ class SendService:
             # Issue 5: RocketMQ's handleRetryAndDLQ (exhausted retries go to %DLQ%group at once).
             from broker.processors.retry import handle_retry_and_dlq
 
-            max_rt = None if ext.get("maxReconsumeTimes") is None else int_field(ext, "maxReconsumeTimes")
+            max_rt = None if ext.get("maxReconsumeTimes") is None else int_field(ext, "maxReconsumeTimes", bits=32)
             topic, queue_id, props = await handle_retry_and_dlq(
-                self.broker, topic, queue_id, props, int_field(ext, "reconsumeTimes", 0), max_rt)
+                self.broker, topic, queue_id, props, int_field(ext, "reconsumeTimes", 0, bits=32), max_rt)
         res = await self.store.put_message(
             topic, queue_id, body, props,
-            flag=int_field(ext, "flag", 0), sys_flag=int_field(ext, "sysFlag", 0),
+            flag=int_field(ext, "flag", 0, bits=32), sys_flag=int_field(ext, "sysFlag", 0, bits=32),
             born_timestamp=int_field(ext, "bornTimestamp", 0), born_host=born_host_of(conn),
-            reconsume_times=int_field(ext, "reconsumeTimes", 0),
+            reconsume_times=int_field(ext, "reconsumeTimes", 0, bits=32),
         )
+        self._count(cfg.topic_name, res)
         return self._response(cmd, res, res.msg_id)
 
     async def send_batch_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -195,6 +220,8 @@ class SendService:
             except (TypeError, KeyError, AttributeError):
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                    f"batch message {i} is not a map with a 'body'") from None
+            if type(flag) is int and not -(2**31) <= flag < 2**31:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message {i}: flag {flag} is outside int32")
             if type(body) is not bytes or type(props) is not str or type(flag) is not int:
                 what = ("body must be bin" if type(body) is not bytes else
                         "properties must be a string" if type(props) is not str else "flag must be an integer")
@@ -207,8 +234,9 @@ class SendService:
         sizes = [(max_body, max_props)]
         cfg, queue_id = self._check(ext, conn, sizes)
         res = await self.store.put_messages(
-            cfg.topic_name, queue_id, messages, sys_flag=int_field(ext, "sysFlag", 0),
+            cfg.topic_name, queue_id, messages, sys_flag=int_field(ext, "sysFlag", 0, bits=32),
             born_timestamp=int_field(ext, "bornTimestamp", 0), born_host=born_host_of(conn),
-            reconsume_times=int_field(ext, "reconsumeTimes", 0),
+            reconsume_times=int_field(ext, "reconsumeTimes", 0, bits=32),
         )
+        self._count(cfg.topic_name, res)
         return self._response(cmd, res, ",".join(res.msg_ids))

@@ -210,6 +210,10 @@ class MessageStore:
         self.arrival_listeners: list[ArrivalListener] = []
         self.put_hook: Callable[[PutRequest], PutResult | None] | None = None
         self.tags_code_resolvers: dict[str, TagsCodeResolver] = {}
+        # Metrics hooks (broker/metrics.py): seconds of one append (a batch counts once) and of one fsync pass
+        # ("interval": commit log + consume queues + checkpoint, "group_commit": the SYNC_FLUSH commit log).
+        self.on_append: Callable[[float], None] | None = None
+        self.on_fsync: Callable[[str, float], None] | None = None
         self._store_host_fn = store_host or (lambda: ("127.0.0.1", 0))
         self._store_host_bytes: bytes | None = None
         self._store_host: tuple[str, int] = ("127.0.0.1", 0)
@@ -607,6 +611,7 @@ class MessageStore:
                 PutMessageStatus.MESSAGE_ILLEGAL, remark=f"batch is {total} bytes; the maximum is {max_size}"
             )
 
+        t_append = time.perf_counter()
         cl = self.commitlog
         seg = cl.room_for(total)
         while seg is None:
@@ -665,6 +670,8 @@ class MessageStore:
             except Exception:  # the message is stored whatever a listener does
                 log.exception("store.arrival_listener_failed", topic=topic, queue_id=queue_id)
         # ---- end of the single-writer section.
+        if self.on_append is not None:
+            self.on_append(time.perf_counter() - t_append)
 
         if len(prepared) == 1:
             first_id = (store_b + _I64.pack(phys0)).hex().upper()
@@ -731,7 +738,10 @@ class MessageStore:
             target = cl.max_offset
             if target > cl.flushed_offset:
                 try:
+                    t_fsync = time.perf_counter()
                     await trio.to_thread.run_sync(cl.flush, target)
+                    if self.on_fsync is not None:
+                        self.on_fsync("group_commit", time.perf_counter() - t_fsync)
                     cl.flushed_offset = max(cl.flushed_offset, target)
                     self._flush_failed = None
                 except OSError as exc:
@@ -774,7 +784,10 @@ class MessageStore:
                         os.fdatasync(fd)
                 self._write_checkpoint_sync(target, target, table, store_ts)
 
+            t_fsync = time.perf_counter()
             await trio.to_thread.run_sync(work)
+            if self.on_fsync is not None:
+                self.on_fsync("interval", time.perf_counter() - t_fsync)
             cl.flushed_offset = max(cl.flushed_offset, target)
             self._checkpointed = target
 

@@ -50,10 +50,7 @@ INTACT_MESSAGES = 8
 # Handler exceptions found by this test and not fixed yet: (request codes, regex on "Type: message"). They are
 # reported as warnings instead of failures; remove an entry once its fix lands so the test guards it.
 KNOWN_HANDLER_BUGS: list[tuple[frozenset[int], str]] = [
-    # SEND*: an int header out of its record field's range (flag, sysFlag, reconsumeTimes: int32; bornTimestamp:
-    # int64) reaches struct.pack in MessageStore.put_messages (nothing is written; answered SYSTEM_ERROR).
-    # Fix: range-check those fields and answer MESSAGE_ILLEGAL naming the field.
-    (frozenset({10, 310, 320}), r"^error: ('i' format requires|argument out of range|int too large to convert)"),
+    # (codes, regex of the exception) for a handler failure known and not fixed yet; empty: none known.
 ]
 
 

@@ -157,6 +157,11 @@ async def test_bad_sends_get_the_right_code_and_change_nothing(broker_factory: C
             (send_ext("Good", 0), None, ResponseCode.MESSAGE_ILLEGAL, "body"),
             ({**send_ext("Good", 0), "queueId": "q"}, b"x", ResponseCode.SYSTEM_ERROR, "queueId"),
             ({**send_ext("Good", 0), "properties": 5}, b"x", ResponseCode.SYSTEM_ERROR, "properties"),
+            # Found by the broker fuzz test: ints that do not fit their record field failed in the store.
+            ({**send_ext("Good", 0), "flag": 2**31}, b"x", ResponseCode.SYSTEM_ERROR, "'flag' = 2147483648"),
+            ({**send_ext("Good", 0), "sysFlag": -(2**31) - 1}, b"x", ResponseCode.SYSTEM_ERROR, "int32"),
+            ({**send_ext("Good", 0), "reconsumeTimes": 2**40}, b"x", ResponseCode.SYSTEM_ERROR, "reconsumeTimes"),
+            ({**send_ext("Good", 0), "bornTimestamp": 2**63}, b"x", ResponseCode.SYSTEM_ERROR, "int64"),
         ]
         for ext, body, code, remark in cases:
             r = await call(rclient, a, RC.SEND_MESSAGE, ext, body)

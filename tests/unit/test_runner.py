@@ -141,7 +141,7 @@ def test_enter_failures_and_explicit_exit(runner: TrioRunner) -> None:
     with pytest.raises(ValueError, match="cannot start"):
         runner.enter(broken())
     with pytest.raises(TypeError, match="not an async context manager"):
-        runner.enter(object())
+        runner.enter(object())  # type: ignore[arg-type]
 
     exited = threading.Event()
 
@@ -166,3 +166,71 @@ def test_blocking_calls_from_the_trio_thread_are_refused(runner: TrioRunner) -> 
 
     with pytest.raises(RuntimeError, match="blocks"):
         runner.call(inner)
+
+
+def test_push_consumer_from_threads_and_asyncio(runner: TrioRunner, tmp_path: Path) -> None:
+    """A consumer with a plain-def listener (worker threads) fed from plain threads, and one with an
+    async listener fed from asyncio; closing the runner shuts both down gracefully."""
+    from client import (
+        ConsumeConcurrentlyStatus,
+        ConsumeOrderlyStatus,
+        PushConsumer,
+        PushConsumerConfig,
+    )
+    from client.cli import ensure_topic
+
+    broker = start_broker(runner, tmp_path)
+    producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.address, producer_group="runner_pc")))
+    runner.call(ensure_topic, producer.instance, "RunnerT1", 2)
+    runner.call(ensure_topic, producer.instance, "RunnerT2", 2)
+
+    got_sync: list[bytes] = []
+    sync_threads: set[str] = set()
+    lock = threading.Lock()
+    done_sync = threading.Event()
+
+    def sync_listener(msgs: list[Any], context: Any) -> ConsumeOrderlyStatus:
+        with lock:
+            sync_threads.add(threading.current_thread().name)
+            got_sync.extend(m.body for m in msgs)
+            if len(got_sync) >= 20:
+                done_sync.set()
+        return ConsumeOrderlyStatus.SUCCESS
+
+    c1 = PushConsumer(PushConsumerConfig(namesrv_addr=broker.address, consumer_group="runner_c1",
+                                         consume_from_where="CONSUME_FROM_FIRST_OFFSET"))
+    c1.subscribe("RunnerT1", "*")
+    c1.register_message_listener_orderly(sync_listener)
+    assert runner.enter(c1) is c1
+
+    got_async: list[bytes] = []
+
+    async def async_listener(msgs: list[Any], context: Any) -> ConsumeConcurrentlyStatus:
+        got_async.extend(m.body for m in msgs)  # runs in the trio thread: no lock needed there
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    c2 = PushConsumer(PushConsumerConfig(namesrv_addr=broker.address, consumer_group="runner_c2",
+                                         consume_from_where="CONSUME_FROM_FIRST_OFFSET"))
+    c2.subscribe("RunnerT2", "*")
+    c2.register_message_listener_concurrently(async_listener)
+    runner.enter(c2)
+
+    senders = [threading.Thread(target=lambda t=t: [runner.call(producer.send, Message("RunnerT1", b"%d-%d" % (t, i)))
+                                                    for i in range(10)]) for t in range(2)]
+    for th in senders:
+        th.start()
+    for th in senders:
+        th.join()
+    assert done_sync.wait(20)
+    assert sorted(got_sync) == sorted(b"%d-%d" % (t, i) for t in range(2) for i in range(10))
+    assert threading.current_thread().name not in sync_threads and runner.name not in sync_threads
+
+    async def produce_and_wait() -> None:
+        await asyncio.gather(*[runner.acall(producer.send, Message("RunnerT2", b"a%d" % i)) for i in range(20)])
+        async with asyncio.timeout(20):
+            while len(set(got_async)) < 20:
+                await asyncio.sleep(0.02)
+
+    asyncio.run(produce_and_wait())
+    runner.exit(c2)  # one consumer stopped on its own (graceful), the rest at close
+    assert not c2.running and c1.running

@@ -125,6 +125,13 @@ class ClientConfig:
     mq_client_api_timeout: int = setting(3_000, "timeout of ordinary broker/name-server calls",
                                          min=1, max=600_000)
     connect_timeout: int = setting(3_000, "TCP connect timeout", min=1, max=600_000)
+    access_key: str = setting("", "ACL access key; with secret_key, every request is signed (docs/SECURITY.md)")
+    secret_key: str = setting("", "ACL secret key of access_key")
+    tls_enable: bool = setting(False, "talk TLS to brokers and name servers (all of them: a TLS broker's name "
+                               "server must speak TLS too)")
+    tls_ca_file: str = setting("", "PEM CA bundle verifying the servers (empty: the system CAs)")
+    tls_cert_file: str = setting("", "PEM client certificate, for servers that require one")
+    tls_key_file: str = setting("", "PEM key of tls_cert_file (empty: the key is in that file)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,7 +148,18 @@ class ClientConfig:
             raise ConfigError(f"instance_name = {self.instance_name!r}: must not contain '@' or surrounding spaces")
         if "@" in self.client_ip:
             raise ConfigError(f"client_ip = {self.client_ip!r}: must not contain '@'")
+        if bool(self.access_key) != bool(self.secret_key):
+            raise ConfigError("access_key and secret_key: set both (ACL signing) or neither")
+        if (self.tls_ca_file or self.tls_cert_file or self.tls_key_file) and not self.tls_enable:
+            raise ConfigError("tls_ca_file / tls_cert_file / tls_key_file are set but tls_enable is false")
+        if self.tls_key_file and not self.tls_cert_file:
+            raise ConfigError(f"tls_key_file = {self.tls_key_file!r}: needs tls_cert_file too")
         return self
+
+    @property
+    def credentials(self) -> tuple[str, str] | None:
+        """``(access_key, secret_key)`` when ACL signing is configured."""
+        return (self.access_key, self.secret_key) if self.access_key else None
 
     @property
     def namesrv_addrs(self) -> list[str]:

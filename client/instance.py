@@ -181,11 +181,16 @@ class ClientInstance:
         with ``ssl_context`` (TLS) and ``credentials`` (ACL access key and secret key)."""
         self.config = (config or ClientConfig()).client_settings()
         self._own_remoting = remoting is None
+        if ssl_context is None and self.config.tls_enable:
+            from client.tls import client_ssl_context
+
+            ssl_context = client_ssl_context(self.config.tls_ca_file or None, self.config.tls_cert_file or None,
+                                             self.config.tls_key_file or None)
         self.remoting = remoting or RemotingClient(
             default_timeout_s=self.config.mq_client_api_timeout / 1000,
             connect_timeout_s=self.config.connect_timeout / 1000,
             ssl_context=ssl_context,
-            credentials=credentials,
+            credentials=credentials or self.config.credentials,
         )
         self.api = MQClientAPI(self.remoting, timeout_ms=self.config.mq_client_api_timeout)
         self.client_ip = self.config.client_ip or local_ip()

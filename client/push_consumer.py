@@ -39,6 +39,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
+from client.admin_handlers import register_admin_handlers
 from client.config import ConfigError, PushConsumerConfig
 from client.consume.common import ConsumeHooks, ConsumeMessageDirectlyResult, ConsumeStats
 from client.consume.concurrently import ConsumeMessageConcurrentlyService
@@ -57,13 +58,12 @@ from protocol.logs import get_logger
 from protocol.message import MessageExt
 from protocol.message_queue import MessageQueue
 from protocol.metrics_http import serve_metrics
-from protocol.validation import retry_topic
 
 __all__ = ["PushConsumer"]
 
 log = get_logger("trimq.push_consumer")
 
-RETRY_ROUTE_WATCH_S = 60.0
+ROUTE_WATCH_S = 60.0
 
 ConsumeService = ConsumeMessageOrderlyService | ConsumeMessageConcurrentlyService
 
@@ -274,16 +274,16 @@ class PushConsumer:
         self._publish(instance)
         await stack.enter_async_context(core)
         service.start()
-        if self.config.clustering:
-            nursery.start_soon(self._watch_retry_route, core, instance)
+        for sub in core.subscriptions():
+            nursery.start_soon(self._watch_missing_route, core, instance, sub.topic)
 
-    async def _watch_retry_route(self, core: ConsumerCore, instance: ClientInstance) -> None:
-        """The broker creates ``%RETRY%<group>`` on the first heartbeat, after the start fetched the routes:
-        look for its route soon (0.1 s, doubling to 5 s, for a minute) instead of at the next 30 s poll, so
-        the first retries are not late."""
-        topic = retry_topic(self.group_name)
+    async def _watch_missing_route(self, core: ConsumerCore, instance: ClientInstance, topic: str) -> None:
+        """Look for a subscribed topic that has no route yet soon (0.1 s, doubling to 5 s, for a minute)
+        instead of at the next 30 s poll: the broker creates ``%RETRY%<group>`` on the first heartbeat, after
+        the start fetched the routes, and a producer may create the topic itself moments after we started.
+        Then the regular route poll takes over."""
         delay, waited = 0.1, 0.0
-        while waited < RETRY_ROUTE_WATCH_S and topic not in core.rebalance.topic_subscribe_info_table:
+        while waited < ROUTE_WATCH_S and topic not in core.rebalance.topic_subscribe_info_table:
             await trio.sleep(delay)
             waited += delay
             delay = min(delay * 2, 5.0)
@@ -350,6 +350,8 @@ class PushConsumer:
         instance.remoting.register_handler(RequestCode.GET_CONSUMER_RUNNING_INFO,
                                            functools.partial(_on_get_consumer_running_info, instance))
         instance.remoting.register_handler(RequestCode.SKIP_MESSAGE, functools.partial(_on_skip_message, instance))
+        # RESET_CONSUMER_CLIENT_OFFSET (220, trimq-admin consumer reset-offset): client/admin_handlers.py
+        register_admin_handlers(instance, lambda group: _CONSUMERS.get(instance, {}).get(group))
 
     def _unpublish(self) -> None:
         if self.instance is not None:

@@ -59,6 +59,10 @@ class RegisterService:
         self.draining = False  # once unregistered for a shutdown, never register again
 
     def _on_topic_change(self, topic: str) -> None:
+        # The embedded name server learns a new topic at once (in-process, no I/O), so a consumer asking for
+        # the route right after a producer created the topic finds it; remote name servers after a debounce.
+        if self.broker.components.get("namesrv") is not None and self.broker.started.is_set():
+            self._register_local()
         self._changed.set()
 
     @property
@@ -93,19 +97,24 @@ class RegisterService:
         """One registration round: the embedded name server, then every configured one (concurrently)."""
         if self.draining:
             return
-        table = self.topics.table_json()
-        version = dict(self.topics.data_version)
-        ns = self.broker.components.get("namesrv")
-        if ns is not None:
-            ns.register_local(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
-                              broker_name=self.config.broker_name, broker_id=0, topic_config_table=table,
-                              data_version=version)
+        table, version = self._register_local()
         body = {"topicConfigTable": table, "dataVersion": version}
         async with trio.open_nursery() as nursery:
             for addr in self.config.namesrv_addrs:
                 nursery.start_soon(self._register_one, oc, addr, body)
         self.registrations += 1
         self.registered.set()
+
+    def _register_local(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Register with the embedded name server (if any); returns the table and version sent."""
+        table = self.topics.table_json()
+        version = dict(self.topics.data_version)
+        ns = self.broker.components.get("namesrv")
+        if ns is not None and not self.draining:
+            ns.register_local(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
+                              broker_name=self.config.broker_name, broker_id=0, topic_config_table=table,
+                              data_version=version)
+        return table, version
 
     async def _register_one(self, oc: OutboundClient, addr: str, body: dict[str, Any]) -> None:
         cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, self._ext(), body)

@@ -136,6 +136,18 @@ async def test_embedded_name_server_serves_routes_on_the_broker_port(broker_fact
         assert rt["brokerDatas"][0]["brokerAddrs"] == {"0": b.address}
 
 
+async def test_embedded_name_server_knows_an_auto_created_topic_as_soon_as_the_send_is_answered(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    # Regression: registration was debounced, so a consumer started right after a producer created the topic
+    # got TOPIC_NOT_EXIST and waited for the 30 s route poll.
+    async with broker_factory(embedded_namesrv=True) as b:
+        r = await call(rclient, b.address, RC.SEND_MESSAGE,
+                       {"producerGroup": "p", "topic": "JustMade", "queueId": 0, "bornTimestamp": 0}, b"x")
+        assert r.code == ResponseCode.SUCCESS
+        resp = await call(rclient, b.address, RC.GET_ROUTEINFO_BY_TOPIC, {"topic": "JustMade"})
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+
 async def test_cli_namesrv_and_broker_subprocesses(daemons: Any, tmp_path: Path) -> None:
     ns = await daemons.namesrv()
     store = tmp_path / "cli-store"

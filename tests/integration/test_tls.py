@@ -166,3 +166,47 @@ def test_daemons_listen_on_loopback_by_default() -> None:
         host, _ = parse_address(listen)
         assert ipaddress.ip_address(host).is_loopback, listen
     assert ipaddress.ip_address(BrokerConfig().metrics_host).is_loopback
+
+
+async def test_sdk_producer_and_consumer_use_tls_and_acl_from_client_config(tmp_path: Path, pki: Pki) -> None:
+    """ClientConfig alone (tls_enable, tls_ca_file, access_key, secret_key) is enough for the SDK to talk to a
+    broker with TLS and ACL on, name server embedded on the same TLS port."""
+    from client import Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
+    from client.consume.common import ConsumeConcurrentlyStatus
+
+    acl = tmp_path / "acl.toml"
+    acl.write_text('[[accounts]]\naccess_key = "svc-key-1"\nsecret_key = "svc-secret-1"\nadmin = true\n')
+    async with tls_broker(tmp_path, pki, embedded_namesrv=True, acl_file=str(acl)) as broker:
+        common: dict[str, Any] = dict(namesrv_addr=broker.address, tls_enable=True, tls_ca_file=pki.ca,
+                                      access_key="svc-key-1", secret_key="svc-secret-1")
+        got: list[bytes] = []
+        done = trio.Event()
+
+        async def listener(msgs: list[Any], context: Any) -> ConsumeConcurrentlyStatus:
+            got.extend(m.body for m in msgs)
+            if len(got) >= 3:
+                done.set()
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        async with Producer(ProducerConfig(producer_group="tls-p", **common)) as producer:
+            for i in range(3):
+                await producer.send(Message("Secure", b"m%d" % i))
+            consumer = PushConsumer(PushConsumerConfig(consumer_group="tls-g",
+                                                       consume_from_where="CONSUME_FROM_FIRST_OFFSET", **common))
+            consumer.subscribe("Secure", "*")
+            consumer.register_message_listener_concurrently(listener)
+            async with consumer:
+                with trio.fail_after(20):
+                    await done.wait()
+        assert sorted(got) == [b"m0", b"m1", b"m2"]
+        assert broker.acl.denied == 0
+
+
+def test_client_config_rejects_half_configured_security() -> None:
+    from client.config import ClientConfig
+    from client.config import ConfigError as ClientConfigError
+
+    with pytest.raises(ClientConfigError, match="set both"):
+        ClientConfig(access_key="only-the-key")
+    with pytest.raises(ClientConfigError, match="tls_enable is false"):
+        ClientConfig(tls_ca_file="/some/ca.pem")

@@ -1,0 +1,135 @@
+"""Client side of admin requests a broker sends to its consumers: RESET_CONSUMER_CLIENT_OFFSET (220).
+
+``trimq-admin consumer reset-offset`` sends INVOKE_BROKER_TO_RESET_OFFSET (222) to each broker of the topic;
+the broker writes the new offsets into its table and forwards RESET_CONSUMER_CLIENT_OFFSET to every live
+member of the group (broker/processors/admin_forward.py). Here a member applies it, as RocketMQ's
+MQClientInstance.resetOffset does, for the queues of the table it holds:
+
+1. drop the process queue (pulling stops, cached messages are discarded, a result of a batch still being
+   consumed is not committed — the consume services skip commits of dropped queues) and forget it;
+2. set the queue's offset in the offset store (memory) and persist it (to the broker, or the local file of a
+   BROADCASTING consumer);
+3. rebalance at once: the queue comes back as new, its pull starting at the stored (reset) offset. An orderly
+   consumer keeps its broker lock meanwhile, so nobody else can take the queue; its old consume loop ends on
+   the dropped flag before the new one starts (one consume task per queue).
+
+Unlike RocketMQ, queues of the topic that are *not* in the table (another broker's) are left alone, and no
+10 s sleep is needed since commits of dropped queues are never applied.
+
+Wire fields (docs/PROTOCOL.md §4): ext ``topic``, ``group``, ``timestamp``, ``isForce``; body
+``{"offsetTable": [{"mq": mq, "offset": int}]}``; response body ``{"consumerGroup", "clientId", "topic",
+"queues": [{"mq", "offset", "previousOffset", "held"}]}``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from client.offset_store import LocalFileOffsetStore
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
+from protocol.logs import get_logger
+from protocol.message_queue import MessageQueue
+
+if TYPE_CHECKING:
+    from client.instance import ClientInstance
+    from client.push_consumer import PushConsumer
+
+log = get_logger("trimq.admin_handlers")
+
+__all__ = ["apply_reset_offset", "parse_reset_body", "register_admin_handlers"]
+
+ConsumerLookup = Callable[[str], "PushConsumer | None"]
+
+
+def register_admin_handlers(instance: ClientInstance, lookup: ConsumerLookup) -> None:
+    """Answer the broker's admin requests on ``instance``'s connections. ``lookup(group)`` returns the push
+    consumer of that group started on this instance (or None). Idempotent: registering again replaces."""
+    instance.remoting.register_handler(RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
+                                       functools.partial(_on_reset_consumer_client_offset, instance, lookup))
+
+
+def parse_reset_body(ext: dict[str, Any], body: Any) -> tuple[str, str, dict[MessageQueue, int]]:
+    """(group, topic, offsets) of a RESET_CONSUMER_CLIENT_OFFSET request; ValueError naming a bad field."""
+    group, topic = ext.get("group"), ext.get("topic")
+    for name, value in (("group", group), ("topic", topic)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"header field '{name}' is required (a non-empty string), got {value!r}")
+    assert isinstance(group, str) and isinstance(topic, str)
+    table = body.get("offsetTable") if isinstance(body, dict) else None
+    if not isinstance(table, list):
+        raise ValueError("body must be a map with 'offsetTable': [{'mq': mq, 'offset': int}]")
+    offsets: dict[MessageQueue, int] = {}
+    for i, entry in enumerate(table):
+        if not isinstance(entry, dict):
+            raise ValueError(f"offsetTable[{i}] must be a map with 'mq' and 'offset'")
+        try:
+            mq = MessageQueue.from_wire(entry.get("mq"))
+        except ValueError as exc:
+            raise ValueError(f"offsetTable[{i}].mq: {exc}") from None
+        offset = entry.get("offset")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offsetTable[{i}].offset must be a non-negative integer, got {offset!r}")
+        if mq.topic != topic:
+            raise ValueError(f"offsetTable[{i}].mq is of topic {mq.topic!r}, not {topic!r}")
+        offsets[mq] = offset
+    return group, topic, offsets
+
+
+async def apply_reset_offset(consumer: PushConsumer, topic: str, offsets: dict[MessageQueue, int]) -> list[
+        dict[str, Any]]:
+    """Apply a reset to a running push consumer (see the module documentation); one row per queue of
+    ``offsets``: ``mq``, ``offset``, ``previousOffset`` (this client's offset in memory, -1 none) and
+    ``held`` (whether this client consumed the queue, so the reset touched it here)."""
+    core = consumer.core
+    if core is None or not consumer.running:
+        raise LookupError(f"the consumer group {consumer.group_name} is not running")
+    rebalance, store = core.rebalance, core.offset_store
+    memory = store.clone_offset_table(topic)
+    rows: list[dict[str, Any]] = []
+    held: list[MessageQueue] = []
+    # Synchronous up to the first persist: drop, forget and set memory in one go (no checkpoint between).
+    for mq, offset in sorted(offsets.items()):
+        pq = rebalance.process_queue_table.get(mq)
+        rows.append({"mq": mq.to_wire(), "offset": offset, "previousOffset": memory.get(mq, -1),
+                     "held": pq is not None})
+        if pq is None:
+            continue
+        rebalance.remove_process_queue(mq, pq)
+        pq.clear()
+        store.update_offset(mq, offset, False)
+        held.append(mq)
+    if held:
+        if isinstance(store, LocalFileOffsetStore):
+            # the file holds every queue's offset: write all of them, not only the reset ones
+            await store.persist_all(set(rebalance.process_queue_table) | set(held))
+        else:
+            for mq in held:
+                await store.persist(mq)
+                store.remove_offset(mq)  # the re-added queue reads the reset offset back from the broker
+        assert consumer.instance is not None
+        consumer.instance.rebalance_immediately()
+    log.warning("consumer.offset_reset", group=consumer.group_name, topic=topic,
+                queues={str(MessageQueue.from_wire(r["mq"])): [r["previousOffset"], r["offset"]]
+                        for r in rows if r["held"]})
+    return rows
+
+
+async def _on_reset_consumer_client_offset(instance: ClientInstance, lookup: ConsumerLookup, cmd: RemotingCommand,
+                                           addr: str) -> RemotingCommand:
+    try:
+        group, topic, offsets = parse_reset_body(cmd.ext or {}, cmd.body)
+    except ValueError as exc:
+        return RemotingCommand.response_to(cmd, ResponseCode.SYSTEM_ERROR, f"RESET_CONSUMER_CLIENT_OFFSET: {exc}")
+    consumer = lookup(group)
+    if consumer is None or not consumer.running:
+        return RemotingCommand.response_to(
+            cmd, ResponseCode.SYSTEM_ERROR, f"the consumer group {group} does not run on client {instance.client_id}")
+    try:
+        rows = await apply_reset_offset(consumer, topic, offsets)
+    except LookupError as exc:
+        return RemotingCommand.response_to(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
+    body = {"consumerGroup": group, "clientId": instance.client_id, "topic": topic, "queues": rows}
+    return RemotingCommand.response_to(cmd, body=body)

@@ -266,8 +266,11 @@ class PushConsumerConfig(ClientConfig):
                                                 "is treated as lost", min=10, max=600_000)
     pull_max_idle_time: int = setting(120_000, "a queue not pulled for this long is dropped and re-created",
                                       min=10, max=86_400_000)
-    unlock_delay_time_mills: int = setting(20_000, "orderly: delay before unlocking a removed queue that "
-                                           "still caches messages", min=0, max=600_000)
+    unlock_delay_time_mills: int = setting(0, "orderly: delay before unlocking a removed queue that still "
+                                           "caches messages; RocketMQ's 20000 holds the queue from its next "
+                                           "owner for 20 s, while trimq's rebalance already holds the consume "
+                                           "lock (nothing of the queue is being consumed), so 0 unlocks at once",
+                                           min=0, max=600_000)
     local_offset_store_dir: str = setting("", "BROADCASTING: directory of the local offset files; empty = "
                                           "$TRIMQ_LOCAL_OFFSET_STORE_DIR or ~/.trimq_offsets")
     consume_lock_wait_millis: int = setting(1000, "orderly: how long a rebalance waits for a queue's "

@@ -316,7 +316,10 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
                 if await self.check_reconsume_times(msgs, mq, dead_lettered):
                     self._suspend(msgs, context, pq, mq, dead_lettered)
                     continue_consume = False
-        if commit_offset >= 0 and not pq.dropped and self.offset_store is not None:
+        if commit_offset >= 0 and self.offset_store is not None:
+            # Committed even if a rebalance dropped the queue meanwhile (RocketMQ skips it, and the next owner
+            # consumes the batch again): we still hold the consume lock, which the rebalance takes before it
+            # persists the offset and unlocks the queue on the broker, so this offset is the one persisted.
             self.offset_store.update_offset(mq, commit_offset, False)
         if commit_offset >= 0:
             self._unblock(mq, commit_offset)

@@ -333,7 +333,7 @@ class RebalanceImpl:
 
     async def unlock_delay(self, mq: MessageQueue, pq: ProcessQueue) -> None:
         """Unlock on the broker now, or after ``unlock_delay_time_mills`` if the queue still caches messages."""
-        if pq.has_temp_message() and self.nursery is not None:
+        if pq.has_temp_message() and self.config.unlock_delay_time_mills > 0 and self.nursery is not None:
             log.info("rebalance.unlock_delayed", group=self.consumer_group, mq=str(mq),
                      delay_ms=self.config.unlock_delay_time_mills)
             self.nursery.start_soon(self._delayed_unlock, mq)

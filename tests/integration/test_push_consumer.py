@@ -456,3 +456,49 @@ async def test_lifecycle_errors_and_config_validation(broker_factory: Any) -> No
     with pytest.raises(MQClientError, match="no subscription"):
         async with c:
             pass
+
+
+async def test_queue_moved_while_its_batch_is_in_the_listener_is_not_consumed_twice(broker_factory: Any) -> None:
+    """Regression (seen in `make demo`): a rebalance that moves an orderly queue while its batch is still in the
+    listener used to drop that batch's offset commit, so the new owner consumed the batch again; and the old
+    owner kept the broker lock for 20 s more when the queue still cached messages."""
+    queues = 4
+    async with environment(broker_factory, queues=queues) as env:
+        group = "reshuffle"
+        consumed: list[tuple[str, str]] = []
+        release = trio.Event()
+        in_listener: set[int] = set()
+
+        def listener_for(name: str) -> Any:
+            async def listener(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+                if name == "a":
+                    in_listener.add(msgs[0].queue_id)
+                    await release.wait()  # every queue of 'a' is mid-batch when 'b' joins
+                consumed.extend((name, body(m)) for m in msgs)
+                return ConsumeOrderlyStatus.SUCCESS
+            return listener
+
+        async with trio.open_nursery() as nursery:
+            a_consumer = PushConsumer(env.config(group, "a"))
+            a_consumer.subscribe(T)
+            a_consumer.register_message_listener_orderly(listener_for("a"))
+            a = await run_member(nursery, a_consumer)
+            await wait_until(lambda: len([mq for mq in a.consumer.process_queue_table() if mq.topic == T]) == 4)
+            for i in range(queues * 3):
+                await env.send(f"x{i}", i % queues)
+            await wait_until(lambda: len(in_listener) == queues)
+            b_consumer = PushConsumer(env.config(group, "b"))
+            b_consumer.subscribe(T)
+            b_consumer.register_message_listener_orderly(listener_for("b"))
+            b = await run_member(nursery, b_consumer)
+            # 'a' drops two queues and waits (up to 1 s) for their consume locks: let the batches finish then
+            await trio.sleep(0.3)
+            release.set()
+            await wait_until(lambda: len(consumed) >= queues * 3, timeout=5)
+            await wait_until(lambda: len([mq for mq in b.consumer.process_queue_table() if mq.topic == T]) == 2)
+            await trio.sleep(0.3)  # a duplicate, if any, would show up now
+            a.stop.set()
+            b.stop.set()
+        bodies = sorted(bd for _, bd in consumed)
+        assert bodies == sorted(f"x{i}" for i in range(queues * 3)), "a message was consumed twice or lost"
+        assert any(name == "b" for name, _ in consumed), "the queues moved to 'b' were consumed by it"

@@ -54,7 +54,7 @@ def test_push_consumer_defaults_match_rocketmq() -> None:
         "pull_time_delay_mills_when_exception": 3000, "pull_time_delay_mills_when_flow_control": 50,
         "pull_time_delay_mills_when_suspend": 1000, "broker_suspend_max_time_millis": 15_000,
         "consumer_timeout_millis_when_suspend": 30_000, "rebalance_lock_interval": 20_000,
-        "rebalance_lock_max_live_time": 30_000, "pull_max_idle_time": 120_000, "unlock_delay_time_mills": 20_000,
+        "rebalance_lock_max_live_time": 30_000, "pull_max_idle_time": 120_000, "unlock_delay_time_mills": 0,
         "consume_lock_wait_millis": 1000, "max_time_consume_continuously": 60_000,
     }
     assert {k: getattr(c, k) for k in expected} == expected

@@ -1,0 +1,98 @@
+"""An asyncio service using trimq: produce and consume without blocking the asyncio event loop.
+
+The SDK is trio code; a :class:`client.runner.TrioRunner` hosts it in a background thread. From asyncio:
+
+* ``await runner.acall(producer.send, msg)`` sends without blocking the event loop;
+* ``runner.enter``/``runner.close`` block while clients start and stop gracefully, so call them through
+  ``asyncio.to_thread``;
+* the consumer's listener is an ``async def`` running in trio: it hands each message to asyncio with
+  ``loop.call_soon_threadsafe`` and returns at once (commit-on-handoff). A listener that must not commit
+  before the asyncio side finished would instead wait for an acknowledgement (see docs/EMBEDDING.md).
+
+Run it as is (it starts its own broker with an embedded name server in a temporary directory) or point
+it at a running one::
+
+    python docs/examples/asyncio_service.py
+    python docs/examples/asyncio_service.py --namesrv 127.0.0.1:9876
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from typing import Any
+
+from client import (
+    ConsumeConcurrentlyStatus,
+    Message,
+    MessageExt,
+    Producer,
+    ProducerConfig,
+    PushConsumer,
+    PushConsumerConfig,
+)
+from client.cli import ensure_topic
+from client.runner import TrioRunner
+from protocol.logs import configure_logging
+
+TOPIC = "ExampleEvents"
+
+
+async def service(namesrv: str | None, count: int, store: str) -> int:
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[MessageExt] = asyncio.Queue()
+    runner = TrioRunner()
+    await asyncio.to_thread(runner.start)
+    try:
+        if namesrv is None:
+            from broker.broker import open_broker
+            from broker.config import BrokerConfig
+
+            broker = await asyncio.to_thread(runner.enter, open_broker(
+                BrokerConfig(listen="127.0.0.1:0", store_dir=store, embedded_namesrv=True)))
+            namesrv = broker.address
+        producer = await asyncio.to_thread(
+            runner.enter, Producer(ProducerConfig(namesrv_addr=namesrv, producer_group="asyncio_producer")))
+        await runner.acall(ensure_topic, producer.instance, TOPIC, 4)
+
+        async def listener(msgs: list[MessageExt], context: Any) -> ConsumeConcurrentlyStatus:
+            for m in msgs:  # runs in the trio thread: hand over to asyncio, thread-safely
+                loop.call_soon_threadsafe(inbox.put_nowait, m)
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        consumer = PushConsumer(PushConsumerConfig(namesrv_addr=namesrv, consumer_group="asyncio_consumer",
+                                                   consume_from_where="CONSUME_FROM_FIRST_OFFSET"))
+        consumer.subscribe(TOPIC, "*")
+        consumer.register_message_listener_concurrently(listener)
+        await asyncio.to_thread(runner.enter, consumer)
+
+        results = await asyncio.gather(*[runner.acall(producer.send, Message(TOPIC, f"event {i}".encode()))
+                                         for i in range(count)])
+        print(f"sent {len(results)} messages from asyncio")
+
+        seen: set[bytes] = set()
+        try:
+            async with asyncio.timeout(30):
+                while len(seen) < count:
+                    seen.add((await inbox.get()).body)
+        except TimeoutError:
+            pass
+        print(f"asyncio received {len(seen)} of {count} distinct messages")
+        return 0 if len(seen) == count else 1
+    finally:
+        await asyncio.to_thread(runner.close)  # graceful: consumer, producer, broker, then the loop
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--namesrv", help="name server HOST:PORT (default: start a broker in a temp dir)")
+    ap.add_argument("--count", type=int, default=100, help="messages to send")
+    args = ap.parse_args()
+    configure_logging("console", "warning")
+    with tempfile.TemporaryDirectory(prefix="trimq-example-") as store:
+        return asyncio.run(service(args.namesrv, args.count, store))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -94,6 +94,8 @@ class BrokerConfig:
     tls_key_file: str = setting("", "PEM private key of tls_cert_file (empty: the key is in that file)")
     tls_ca_file: str = setting("", "PEM CA bundle verifying client certificates (mutual TLS)")
     tls_require_client_cert: bool = setting(False, "mutual TLS: refuse clients without a certificate from tls_ca_file")
+    namesrv_tls: bool = setting(False, "register with the name servers over TLS, verifying them with tls_ca_file "
+                                       "(or the system CAs); presents tls_cert_file when set (mutual TLS)")
     acl_file: str = setting("", "ACL TOML file; requests must be signed by one of its accounts (empty: ACL off)")
 
     def validate(self) -> BrokerConfig:

@@ -8,6 +8,7 @@ requests matched to responses by opaque, reconnect on the next request after a f
 from __future__ import annotations
 
 import itertools
+import ssl
 from types import TracebackType
 
 import trio
@@ -28,7 +29,7 @@ class OutboundError(Exception):
 
 
 class _Conn:
-    def __init__(self, addr: str, stream: trio.SocketStream) -> None:
+    def __init__(self, addr: str, stream: trio.abc.Stream) -> None:
         self.addr = addr
         self.stream = stream
         self.pending: dict[int, trio.MemorySendChannel[RemotingCommand]] = {}
@@ -47,7 +48,10 @@ class _Conn:
 class OutboundClient:
     """``async with OutboundClient() as oc: resp = await oc.request(addr, cmd, timeout_s=3)``."""
 
-    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, connect_timeout_s: float = 3.0) -> None:
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, connect_timeout_s: float = 3.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """``ssl_context``: talk TLS (e.g. to name servers serving TLS)."""
+        self.ssl_context = ssl_context
         self.max_frame_bytes = max_frame_bytes
         self.connect_timeout_s = connect_timeout_s
         self._conns: dict[str, _Conn] = {}
@@ -84,11 +88,17 @@ class OutboundClient:
             if conn is not None and not conn.closed:
                 return conn
             host, port = parse_address(addr)
+            stream: trio.abc.Stream
             try:
                 with trio.fail_after(self.connect_timeout_s):
                     stream = await trio.open_tcp_stream(host, port)
-            except (OSError, trio.TooSlowError) as exc:
-                raise OutboundError(f"cannot connect to {addr}: {exc or 'timed out'}") from None
+                    if self.ssl_context is not None:
+                        tls = trio.SSLStream(stream, self.ssl_context, server_hostname=host)
+                        await tls.do_handshake()
+                        stream = tls
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
+                detail = str(exc) or repr(exc.__cause__) if exc.__cause__ else str(exc) or "timed out"
+                raise OutboundError(f"cannot connect to {addr}: {detail}") from None
             conn = _Conn(addr, stream)
             self._conns[addr] = conn
             assert self._nursery is not None

@@ -9,6 +9,7 @@ it registered over closes. Liveness uses the trio clock, so tests can run it und
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import trio
 
 from broker.config import setting, validate_dataclass
 from broker.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
-from broker.server import Connection, RemotingServer, RequestError
+from broker.server import Connection, RemotingServer, RequestError, server_ssl_context
 from protocol.address import parse_address
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand
@@ -49,9 +50,17 @@ class NamesrvConfig:
                                      max=600_000)
     metrics_port: int = setting(0, "Prometheus metrics HTTP port; 0 = off", min=0, max=65535)
     metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
+    tls_cert_file: str = setting("", "PEM certificate the name server presents; set = peers must use TLS")
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file (empty: the key is in that file)")
+    tls_ca_file: str = setting("", "PEM CA bundle verifying client certificates (with tls_require_client_cert)")
+    tls_require_client_cert: bool = setting(False, "mutual TLS: refuse peers without a certificate from tls_ca_file")
 
     def validate(self) -> NamesrvConfig:
         validate_dataclass(self)
+        if self.tls_key_file and not self.tls_cert_file:
+            from broker.config import ConfigError
+
+            raise ConfigError(f"tls_key_file = {self.tls_key_file!r}: needs tls_cert_file too")
         try:
             parse_address(self.listen)
         except ValueError as exc:
@@ -225,9 +234,14 @@ async def serve_namesrv(config: NamesrvConfig, *,
         nursery.start_soon(ns.run_scanner)
         if ns.metrics is not None:
             await nursery.start(ns.metrics.serve)
+        ssl_context = None
+        if config.tls_cert_file:
+            ssl_context = server_ssl_context(config.tls_cert_file, config.tls_key_file or None,
+                                             config.tls_ca_file or None,
+                                             require_client_cert=config.tls_require_client_cert)
         async with trio.open_nursery() as serving:
-            await serving.start(server.serve, host, port)
-            log.info("namesrv.started", address=server.address)
+            await serving.start(functools.partial(server.serve, host, port, ssl_context=ssl_context))
+            log.info("namesrv.started", address=server.address, tls=ssl_context is not None)
             task_status.started(ns)
         nursery.cancel_scope.cancel()
     log.info("namesrv.stopped")

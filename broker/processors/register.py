@@ -8,6 +8,7 @@ UNREGISTER_BROKER, so clients stop getting routes to it at once.
 
 from __future__ import annotations
 
+import ssl
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -79,7 +80,9 @@ class RegisterService:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        async with OutboundClient(max_frame_bytes=self.config.max_frame_bytes) as oc, trio.open_nursery() as nursery:
+        oc_ctx = OutboundClient(max_frame_bytes=self.config.max_frame_bytes,
+                                ssl_context=namesrv_ssl_context(self.config))
+        async with oc_ctx as oc, trio.open_nursery() as nursery:
             await self.broker.started.wait()
             nursery.start_soon(self._unregister_on_drain, oc)
             interval = self.config.register_broker_interval_ms / 1000
@@ -149,3 +152,14 @@ class RegisterService:
             log.info("register.unregistered", namesrv=addr)
         except OutboundError as exc:
             log.info("register.unregister_failed", namesrv=addr, error=str(exc))
+
+
+def namesrv_ssl_context(config: Any) -> ssl.SSLContext | None:
+    """The TLS context for talking to name servers when ``namesrv_tls`` is on (docs/SECURITY.md)."""
+    if not config.namesrv_tls:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca_file or None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if config.tls_cert_file:
+        ctx.load_cert_chain(config.tls_cert_file, config.tls_key_file or None)
+    return ctx

@@ -416,6 +416,11 @@ RULES: dict[int, _Rule] = {
     RequestCode.GET_CONSUMER_LIST_BY_GROUP: _Rule(group_perm=SUB, groups=_ext("consumerGroup")),
     RequestCode.LOCK_BATCH_MQ: _Rule(topic_perm=SUB, group_perm=SUB, topics=_lock_topics, groups=_lock_group),
     RequestCode.UNLOCK_BATCH_MQ: _Rule(topic_perm=SUB, group_perm=SUB, topics=_lock_topics, groups=_lock_group),
+    # Group and topic views: what a member of the group (or a reader of the topic) may see.
+    RequestCode.GET_CONSUMER_RUNNING_INFO: _Rule(group_perm=SUB, groups=_ext("consumerGroup")),
+    RequestCode.GET_CONSUMER_CONNECTION_LIST: _Rule(group_perm=SUB, groups=_ext("consumerGroup")),
+    RequestCode.GET_CONSUME_STATS: _Rule(group_perm=SUB, groups=_ext("consumerGroup")),
+    RequestCode.GET_TOPIC_STATS_INFO: _Rule(topic_perm=ANY, topics=_TOPIC),
     # Admin only: RocketMQ's ADMIN_CODE set, offset resets, trimq's 9000+ operations, and reading a message by
     # commit-log offset (its topic is unknown until it is read, so topic rights cannot be checked).
     RequestCode.UPDATE_AND_CREATE_TOPIC: _ADMIN,

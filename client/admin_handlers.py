@@ -98,6 +98,9 @@ async def apply_reset_offset(consumer: PushConsumer, topic: str, offsets: dict[M
         if pq is None:
             continue
         rebalance.remove_process_queue(mq, pq)
+        # Emptying it also stops a batch still in the listener from committing: the orderly service commits
+        # a dropped queue's batch (it relies on the rebalance's consume lock), but commit() of an emptied
+        # process queue is -1; the concurrent service never commits for a dropped queue.
         pq.clear()
         store.update_offset(mq, offset, False)
         held.append(mq)

@@ -276,6 +276,17 @@ def test_offset_lookups_need_any_right_on_topic() -> None:
         assert "no ANY permission on topic 'other'" in (v.check(signed(code, {"topic": "other", "queueId": 0})) or "")
 
 
+def test_group_and_topic_views_need_rights_on_them() -> None:
+    # Added with the admin forwarding: running info reveals a member's queues and config.
+    v = validator(APP)
+    for code in (RequestCode.GET_CONSUMER_RUNNING_INFO, RequestCode.GET_CONSUMER_CONNECTION_LIST,
+                 RequestCode.GET_CONSUME_STATS):
+        assert v.check(signed(code, {"consumerGroup": "g"})) is None
+        assert "group 'blocked'" in (v.check(signed(code, {"consumerGroup": "blocked"})) or "")
+    assert v.check(signed(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "reports"})) is None
+    assert "topic 'other'" in (v.check(signed(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "other"})) or "")
+
+
 ADMIN_CODES = [17, 200, 220, 222, 33, 9001, 9002, 9003, 9004, 9005]
 
 

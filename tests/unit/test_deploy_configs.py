@@ -1,0 +1,581 @@
+"""deploy/ and docs/CONFIGURATION.md never rot.
+
+* every TOML file under deploy/ loads with the loader of each program it has a table for (and the ACL
+  example with the ACL loader);
+* docs/CONFIGURATION.md is exactly what :func:`render_configuration_md` makes from the settings classes (so
+  every setting is documented with its default, range, environment variable and flag). After changing a
+  setting, regenerate it: ``.venv/bin/python tests/unit/test_deploy_configs.py --write``;
+* the loaders' error messages for the cases the subprocess tests (tests/e2e/test_config_errors.py) do not
+  repeat;
+* the systemd units have the hardening, restart and stop settings (and ``systemd-analyze verify`` accepts
+  them when it is installed); prometheus.yml has the expected structure and scrapes what the example
+  configs serve; the Grafana dashboard is valid JSON that only queries metrics trimq exports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: python tests/unit/test_deploy_configs.py --write
+    sys.path.insert(0, str(ROOT))
+
+from broker.config import CONFIG_SECTIONS, BrokerConfig, ConfigError, load_settings  # noqa: E402
+from broker.namesrv.service import NamesrvConfig  # noqa: E402
+from client.config import ClientConfig, ProducerConfig, PushConsumerConfig, load_client_settings  # noqa: E402
+from client.config import ConfigError as ClientConfigError  # noqa: E402
+
+DEPLOY = ROOT / "deploy"
+CONFIGURATION_MD = ROOT / "docs" / "CONFIGURATION.md"
+OPERATIONS_MD = ROOT / "docs" / "OPERATIONS.md"
+
+
+@pytest.fixture(autouse=True)
+def no_trimq_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for k in list(os.environ):
+        if k.startswith("TRIMQ_"):
+            monkeypatch.delenv(k)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading every deploy/ TOML file
+
+
+def load_section(path: Path, section: str) -> Any:
+    if section == "broker":
+        return load_settings(BrokerConfig, config_file=str(path), section="broker")
+    if section == "namesrv":
+        return load_settings(NamesrvConfig, config_file=str(path), env_prefix="TRIMQ_NAMESRV_", section="namesrv")
+    if section == "consumer":
+        return load_client_settings(PushConsumerConfig, config_file=str(path), section="consumer")
+    if section == "producer":
+        return load_client_settings(ProducerConfig, config_file=str(path), section="producer")
+    raise AssertionError(f"{path}: no loader for [{section}]")
+
+
+def deploy_tomls() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*.toml") if p.name != "acl.example.toml")
+
+
+@pytest.mark.parametrize("path", deploy_tomls(), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_deploy_config_loads(path: Path) -> None:
+    data = tomllib.loads(path.read_text())
+    sections = [k for k, v in data.items() if isinstance(v, dict)]
+    assert sections, f"{path}: settings must be in program tables ([broker], [namesrv], ...)"
+    assert set(data) == set(sections), f"{path}: top-level settings outside a table: {set(data) - set(sections)}"
+    for section in sections:
+        assert section in CONFIG_SECTIONS, section
+        config = load_section(path, section)
+        for key, value in data[section].items():
+            assert getattr(config, key) == value, (path, section, key)
+
+
+def test_deploy_examples_exist() -> None:
+    names = {p.name for p in deploy_tomls()}
+    assert {"single.toml", "cluster-namesrv.toml", "cluster-broker-a.toml", "cluster-broker-b.toml",
+            "cluster-clients.toml"} <= names
+    a = load_section(DEPLOY / "config" / "cluster-broker-a.toml", "broker")
+    b = load_section(DEPLOY / "config" / "cluster-broker-b.toml", "broker")
+    assert a.broker_name != b.broker_name and a.cluster_name == b.cluster_name
+    assert a.namesrv_addr == b.namesrv_addr
+    single = DEPLOY / "config" / "single.toml"
+    ns = load_section(single, "namesrv")
+    assert load_section(single, "broker").namesrv_addr == ns.listen
+    assert load_section(single, "consumer").namesrv_addr == ns.listen
+
+
+def test_acl_example_loads() -> None:
+    from broker.acl import load_acl
+
+    acl = load_acl(str(DEPLOY / "acl.example.toml"))
+    assert acl is not None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loader errors not repeated by the subprocess tests
+
+
+@pytest.mark.parametrize(("text", "env", "expected"), [
+    ('[broker]\nlong_polling_enable = 1\n', {}, "long_polling_enable = 1: must be true or false"),
+    ('[namesrv]\nlisten = "127.0.0.1:1"\n', {}, "no [broker] table (it has [namesrv])"),
+    ('flush_intervall_ms = 5\n', {}, "unknown setting 'flush_intervall_ms'"),
+    ('[broker]\n[broker.tls]\ncert = "x"\n', {}, "unknown setting table [broker.tls]"),
+    ('[broker]\nlisten = "127.0.0.1:1"\n[brokr]\nlisten = "x"\n', {}, "unknown section [brokr]"),
+    ('broker = 5\n', {}, "'broker' must be a table"),
+    ('[broker]\nlisten = "127.0.0.1:70000"\n', {}, "listen = '127.0.0.1:70000'"),
+    ('[broker]\nnamesrv_addr = "10.0.0.1:9876;nowhere"\n', {}, "namesrv_addr = '10.0.0.1:9876;nowhere'"),
+    ('[broker]\nmessage_delay_level = "1s 5x"\n', {}, "message_delay_level = '1s 5x'"),
+    ('[broker]\nmapped_file_size_consume_queue = 1010\n', {}, "must be a multiple of 20"),
+    ("[broker]\n", {"TRIMQ_EMBEDDED_NAMESRV": "maybe"},
+     "embedded_namesrv = 'maybe': must be true or false (from environment variable TRIMQ_EMBEDDED_NAMESRV)"),
+    ("[broker]\n", {"TRIMQ_MAX_CONNECTIONS": "0"},
+     "max_connections = 0: out of range in [1, 1000000] (from environment variable TRIMQ_MAX_CONNECTIONS)"),
+])
+def test_broker_loader_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, env: dict[str, str],
+                              expected: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as info:
+        load_settings(BrokerConfig, config_file=str(path), section="broker")
+    assert expected in str(info.value)
+
+
+def test_missing_config_file_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"config file /nonexistent/x.toml: No such file"):
+        load_settings(BrokerConfig, config_file="/nonexistent/x.toml", section="broker")
+
+
+def test_other_programs_tables_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[broker]\nbroker_name = "b1"\n[audit]\nwhatever = 1\n[consumer]\nconsumer_group = "g"\n')
+    assert load_settings(BrokerConfig, config_file=str(path), section="broker").broker_name == "b1"
+
+
+def test_client_loader_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[consumer]\nconsumer_group = "g"\npull_batch_size = 0\n')
+    with pytest.raises(ClientConfigError, match=r"pull_batch_size = 0: out of range in \[1, 1024\]"):
+        load_client_settings(PushConsumerConfig, config_file=str(path), section="consumer")
+    monkeypatch.setenv("TRIMQ_SEND_MSG_TIMEOUT", "x")
+    with pytest.raises(ClientConfigError, match=r"send_msg_timeout = 'x': must be an integer"):
+        load_client_settings(ProducerConfig, section="producer")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# docs/CONFIGURATION.md, generated from the settings classes
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+def _allowed(f: dataclasses.Field[Any]) -> str:
+    meta = f.metadata
+    kind = type(f.default)
+    if meta.get("choices"):
+        return ", ".join(f"`{c}`" for c in meta["choices"])
+    if kind is bool:
+        return "`true`, `false`"
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None or hi is not None:
+        also = " or ".join(f"`{a}`" for a in (meta.get("also") or ()))
+        text = f"{lo if lo is not None else '-inf'} .. {hi if hi is not None else 'inf'}"
+        return f"{also} or {text}" if also else text
+    if f.name in ("listen",):
+        return "HOST:PORT"
+    if f.name == "namesrv_addr":
+        return "HOST:PORT;HOST:PORT..."
+    return "text"
+
+
+def _flags() -> dict[str, dict[str, str]]:
+    """Setting name -> flag, per program, read from the click commands themselves."""
+    import click
+
+    from broker.cli import main as broker_main
+    from broker.namesrv.cli import main as namesrv_main
+
+    renamed = {"flush": "flush_disk_type", "from_where": "consume_from_where"}
+    commands: dict[str, Any] = {"broker": broker_main, "namesrv": namesrv_main}
+    try:
+        from client.cli import consumer_main, producer_main
+
+        commands.update(consumer=consumer_main, producer=producer_main)
+    except ImportError:  # pragma: no cover - the client CLI is optional for this table
+        pass
+    out: dict[str, dict[str, str]] = {}
+    for program, command in commands.items():
+        table = out.setdefault(program, {})
+        for param in command.params:
+            if isinstance(param, click.Option) and param.name:
+                long = max(param.opts, key=len)
+                table[renamed.get(param.name, param.name)] = long
+    return out
+
+
+def _table(cls: type[Any], env_prefix: str, flags: dict[str, str], skip: set[str] | None = None) -> list[str]:
+    rows = ["| setting | default | allowed | environment | flag | meaning |",
+            "|---|---|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        if skip and f.name in skip:
+            continue
+        doc = str(f.metadata.get("doc", "")).replace("|", "\\|")
+        flag = f"`{flags[f.name]}`" if f.name in flags else ""
+        rows.append(f"| `{f.name}` | `{_toml_literal(f.default)}` | {_allowed(f)} | `{env_prefix}{f.name.upper()}` "
+                    f"| {flag} | {doc} |")
+    return rows
+
+
+def render_configuration_md() -> str:
+    """The whole of docs/CONFIGURATION.md."""
+    flags = _flags()
+    client_fields = {f.name for f in dataclasses.fields(ClientConfig)}
+    lines: list[str] = [
+        "# trimq configuration",
+        "",
+        "<!-- Generated from the settings classes by `.venv/bin/python tests/unit/test_deploy_configs.py --write`;",
+        "     tests/unit/test_deploy_configs.py fails when this file and the code disagree. Do not edit by hand. -->",
+        "",
+        "Every trimq program takes its settings from four places; each one overrides the ones before it:",
+        "",
+        "1. the defaults below;",
+        "2. a TOML file given with `--config FILE`: the settings of each program in its own table (`[namesrv]`,",
+        "   `[broker]`, `[consumer]`, `[producer]`), so one file can serve every program of a machine. The",
+        "   daemons also accept a file with their settings at the top level, and refuse a file with a table",
+        "   that is not one of " + ", ".join(f"`[{s}]`" for s in CONFIG_SECTIONS) + ",",
+        "   or with no table of theirs (it is the wrong file);",
+        "3. environment variables: `TRIMQ_` and the setting's name in capitals (`TRIMQ_FLUSH_INTERVAL_MS=200`);",
+        "   the name server's are `TRIMQ_NAMESRV_` + name, so a broker's and a name server's settings never mix.",
+        "   Booleans accept `true/false`, `1/0`, `yes/no`, `on/off`;",
+        "4. command-line flags, for the settings that have one.",
+        "",
+        "`trimq-broker --print-config` and `trimq-namesrv --print-config` print the effective settings as JSON",
+        "and exit, which is also the way to check a file before a restart. Examples: `deploy/config/`",
+        "(`single.toml` for one machine, `cluster-*.toml` for a name server and two brokers).",
+        "",
+        "## Errors",
+        "",
+        "An invalid value stops the program before it opens anything, with exit status 2 and one line on stderr",
+        "naming the setting, the value, what is allowed and where the value came from:",
+        "",
+        "```",
+        "trimq-broker: invalid configuration: flush_interval_ms = 0: out of range in [1, 60000] "
+        "(from config file /etc/trimq/single.toml)",
+        "trimq-broker: invalid configuration: flush_disk_type = 'FAST': must be one of ASYNC_FLUSH, SYNC_FLUSH "
+        "(from command line)",
+        "trimq-broker: invalid configuration: flush_interval_ms = 'soon': must be an integer in [1, 60000] "
+        "(from environment variable TRIMQ_FLUSH_INTERVAL_MS)",
+        "trimq-broker: invalid configuration: config file /etc/trimq/single.toml: unknown setting "
+        "'flush_interval' in [broker]",
+        "trimq-broker: invalid configuration: config file /etc/trimq/single.toml is not valid TOML: "
+        "Invalid value (at line 3, column 9)",
+        "trimq-namesrv: invalid configuration: listen = '9876': address '9876' must look like HOST:PORT "
+        "(from command line)",
+        "```",
+        "",
+        "The client tools (`trimq-producer`, `trimq-consumer`) report theirs the same way and also exit with 2.",
+        "A daemon that cannot start for another reason (its port is taken, its store is locked by another",
+        "broker) prints `cannot start: ...` and exits with 1. The systemd units in `deploy/systemd/` do not",
+        "restart a daemon that exited with 2.",
+        "",
+        "## trimq-namesrv",
+        "",
+        "`NamesrvConfig` (broker/namesrv/service.py): the `[namesrv]` table, `TRIMQ_NAMESRV_*` variables.",
+        "",
+        *_table(NamesrvConfig, "TRIMQ_NAMESRV_", flags.get("namesrv", {})),
+        "",
+        "## trimq-broker",
+        "",
+        "`BrokerConfig` (broker/config.py): the `[broker]` table, `TRIMQ_*` variables. Times are in",
+        "milliseconds, sizes in bytes. Names follow RocketMQ's BrokerConfig / MessageStoreConfig in snake_case.",
+        "",
+        *_table(BrokerConfig, "TRIMQ_", flags.get("broker", {})),
+        "",
+        "## Clients",
+        "",
+        "`client/config.py`: the `[producer]` table for `trimq-producer` and `Producer`, the `[consumer]` table",
+        "for `trimq-consumer` and `PushConsumer`, `TRIMQ_*` variables. Both have the shared settings of",
+        "`ClientConfig` (RocketMQ's ClientConfig) plus their own. Times are in milliseconds unless the name says",
+        "otherwise (`consume_timeout` is in minutes, as in RocketMQ).",
+        "",
+        "### Shared (ClientConfig)",
+        "",
+        *_table(ClientConfig, "TRIMQ_", {**flags.get("producer", {}), **flags.get("consumer", {})}),
+        "",
+        "### trimq-producer (ProducerConfig)",
+        "",
+        *_table(ProducerConfig, "TRIMQ_", flags.get("producer", {}), skip=client_fields),
+        "",
+        "### trimq-consumer (PushConsumerConfig)",
+        "",
+        "`consume_timestamp` left empty means half an hour before the consumer was configured (RocketMQ's",
+        "default).",
+        "",
+        *_table(PushConsumerConfig, "TRIMQ_", flags.get("consumer", {}), skip=client_fields),
+        "",
+        "### Variables the broker and the clients share",
+        "",
+        "The broker and the client tools both read `TRIMQ_*`, so these names mean something to both (with a",
+        "different meaning where the descriptions differ): "
+        + ", ".join(f"`TRIMQ_{n.upper()}`" for n in sorted(
+            {f.name for f in dataclasses.fields(BrokerConfig)}
+            & ({f.name for f in dataclasses.fields(ProducerConfig)} | {f.name for f in dataclasses.fields(
+                PushConsumerConfig)}))) + ".",
+        "Set them per process (the systemd units read `/etc/default/trimq-broker`, `/etc/default/trimq-consumer`,",
+        "... separately), not in a shell profile that starts both.",
+        "",
+        "## ACL file",
+        "",
+        "The broker's `acl_file` is a TOML file of its own (accounts and permissions): docs/SECURITY.md,",
+        "example `deploy/acl.example.toml`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def test_configuration_md_is_generated_from_the_settings_classes() -> None:
+    expected = render_configuration_md()
+    actual = CONFIGURATION_MD.read_text() if CONFIGURATION_MD.exists() else ""
+    assert actual == expected, (
+        "docs/CONFIGURATION.md is out of date: run `.venv/bin/python tests/unit/test_deploy_configs.py --write`")
+
+
+@pytest.mark.parametrize("cls", [NamesrvConfig, BrokerConfig, ClientConfig, ProducerConfig, PushConsumerConfig],
+                         ids=lambda c: c.__name__)
+def test_every_setting_is_documented_with_its_default(cls: type[Any]) -> None:
+    doc = CONFIGURATION_MD.read_text()
+    for f in dataclasses.fields(cls):
+        assert f.metadata.get("doc"), f"{cls.__name__}.{f.name} has no doc"
+        assert re.search(rf"\| `{f.name}` \| `{re.escape(_toml_literal(f.default))}` \|", doc), (
+            f"{cls.__name__}.{f.name} (default {f.default!r}) is not in docs/CONFIGURATION.md")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# systemd units
+
+
+UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
+REQUIRED = {
+    "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
+    "KillSignal": "SIGTERM", "Restart": "on-failure", "RestartPreventExitStatus": "2",
+}
+
+
+def unit_settings(path: Path) -> dict[str, dict[str, list[str]]]:
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None and "=" in line, f"{path.name}: {raw!r}"
+        key, _, value = line.partition("=")
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def test_units_exist() -> None:
+    assert {u.name for u in UNITS} == {"trimq-namesrv@.service", "trimq-broker@.service", "trimq-consumer@.service"}
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_unit_hardening_restart_and_graceful_stop(unit: Path) -> None:
+    s = unit_settings(unit)
+    assert set(s) == {"Unit", "Service", "Install"}
+    service = s["Service"]
+    for key, value in REQUIRED.items():
+        assert service.get(key) == [value], (unit.name, key, service.get(key))
+    assert int(service["TimeoutStopSec"][0]) >= 30
+    tool = unit.name.split("@")[0]
+    exec_start = service["ExecStart"][0]
+    assert exec_start.startswith(f"/opt/trimq/.venv/bin/{tool} --config /etc/trimq/%i.toml --log-format json")
+    if tool == "trimq-broker":
+        assert service["ReadWritePaths"] == ["/var/lib/trimq"]
+    assert s["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    names = []
+    for unit in UNITS:
+        text = unit.read_text().replace("/opt/trimq/.venv/bin/", f"{bin_dir}/")
+        (tmp_path / unit.name).write_text(text)
+        name = unit.name.replace("@.", "@example.")
+        (tmp_path / name).write_text(text)
+        names.append(str(tmp_path / name))
+    out = subprocess.run(["systemd-analyze", "verify", "--man=no", *names], capture_output=True, text=True,
+                         timeout=60, env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
+
+
+def test_local_cluster_script_is_valid_bash() -> None:
+    script = DEPLOY / "local-cluster.sh"
+    assert script.stat().st_mode & 0o111, "deploy/local-cluster.sh must be executable"
+    out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert not re.search(r"\b(pkill|killall)\b", script.read_text().split("set -euo pipefail", 1)[1])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# prometheus.yml (no YAML library here: a parser for the small block subset the file uses)
+
+
+def _strip_comment(line: str) -> str:
+    quote = None
+    for i, ch in enumerate(line):
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote else ch
+        elif ch == "#" and quote is None and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+    return line
+
+
+def _scalar(text: str) -> Any:
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return [_scalar(p) for p in inner.split(",")] if inner else []
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if text in ("true", "false"):
+        return text == "true"
+    assert not text.startswith(("{", "&", "*", "!", "|", ">")), f"unsupported YAML: {text!r}"
+    return text
+
+
+def _block(lines: list[tuple[int, str]], i: int, indent: int) -> tuple[Any, int]:
+    if lines[i][1].startswith("- "):
+        seq = []
+        while i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("- "):
+            rest = lines[i][1][2:].strip()
+            if re.match(r"^[A-Za-z_][\w.-]*:(\s|$)", rest):
+                lines[i] = (indent + 2, rest)  # "- key: value" starts a mapping at indent + 2
+                value, i = _block(lines, i, indent + 2)
+            else:
+                value, i = _scalar(rest), i + 1
+            seq.append(value)
+        return seq, i
+    mapping: dict[str, Any] = {}
+    while i < len(lines) and lines[i][0] == indent and not lines[i][1].startswith("- "):
+        key, sep, rest = lines[i][1].partition(":")
+        assert sep and re.fullmatch(r"[A-Za-z_][\w.-]*", key), f"not 'key: value': {lines[i][1]!r}"
+        assert key not in mapping, f"duplicate key {key!r}"
+        i += 1
+        if rest.strip():
+            mapping[key] = _scalar(rest)
+        elif i < len(lines) and (lines[i][0] > indent or (lines[i][0] == indent and lines[i][1].startswith("- "))):
+            mapping[key], i = _block(lines, i, lines[i][0])
+        else:
+            mapping[key] = None
+    return mapping, i
+
+
+def parse_yaml(text: str) -> Any:
+    assert "\t" not in text, "tabs in YAML"
+    lines = []
+    for raw in text.splitlines():
+        line = _strip_comment(raw).rstrip()
+        if line.strip():
+            lines.append((len(line) - len(line.lstrip(" ")), line.strip()))
+    value, i = _block(lines, 0, lines[0][0])
+    assert i == len(lines), f"unparsed YAML from line {lines[i]!r} (bad indentation?)"
+    return value
+
+
+def test_yaml_subset_parser() -> None:
+    doc = parse_yaml("a: 1\nb:\n  c: 'x # y'  # comment\n  d: [1, 'two']\nlist:\n  - k: v\n    n: 2\n  - plain\n")
+    assert doc == {"a": 1, "b": {"c": "x # y", "d": [1, "two"]}, "list": [{"k": "v", "n": 2}, "plain"]}
+    with pytest.raises(AssertionError):
+        parse_yaml("a: 1\n   b: 2\n")
+
+
+def scrape_targets() -> dict[str, list[str]]:
+    doc = parse_yaml((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert re.fullmatch(r"\d+[smh]", doc["global"]["scrape_interval"])
+    jobs: dict[str, list[str]] = {}
+    for job in doc["scrape_configs"]:
+        assert job["job_name"] not in jobs
+        targets = [t for sc in job["static_configs"] for t in sc["targets"]]
+        for t in targets:
+            host, _, port = t.rpartition(":")
+            assert host and 0 < int(port) < 65536, t
+        jobs[job["job_name"]] = targets
+    return jobs
+
+
+def test_prometheus_scrapes_every_daemon_of_the_example_cluster() -> None:
+    jobs = scrape_targets()
+    assert set(jobs) == {"trimq-namesrv", "trimq-broker", "trimq-consumer"}
+    brokers = [load_section(p, "broker") for p in sorted((DEPLOY / "config").glob("cluster-broker-*.toml"))]
+    assert sorted(jobs["trimq-broker"]) == sorted(f"{b.broker_ip}:{b.metrics_port}" for b in brokers)
+    ns = load_section(DEPLOY / "config" / "cluster-namesrv.toml", "namesrv")
+    ns_hosts = {a.rpartition(":")[0] for b in brokers for a in b.namesrv_addrs}
+    assert jobs["trimq-namesrv"] == [f"{h}:{ns.metrics_port}" for h in sorted(ns_hosts)]
+    for b in [*brokers, ns]:
+        assert b.metrics_port and b.metrics_host == "0.0.0.0"  # reachable by a Prometheus on another host
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Grafana dashboard
+
+
+def known_metrics() -> set[str]:
+    import broker.metrics
+    import broker.namesrv.metrics
+
+    names = set(broker.metrics.METRICS) | set(broker.namesrv.metrics.METRICS)
+    # The client's: the table in client/metrics.py's docstring (counters listed with their _total name).
+    import client.metrics
+
+    names |= set(re.findall(r"^(trimq_consumer_[a-z_]+)\s", client.metrics.__doc__ or "", re.MULTILINE))
+    return names
+
+
+def dashboard_exprs(dash: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            yield panel["title"], target["expr"]
+
+
+def test_grafana_dashboard() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "trimq.json").read_text())
+    assert dash["uid"] and dash["title"] == "trimq"
+    titles = " ".join(p["title"].lower() for p in dash["panels"])
+    for topic in ("lag", "messages in", "messages out", "lock", "fenced", "retries", "dead letters", "rebalance"):
+        assert topic in titles, topic
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, f"panel {p['title']!r} overlaps another"
+        cells |= mine
+    known = known_metrics()
+    suffix = re.compile(r"_(bucket|count|sum)$")
+    for title, expr in dashboard_exprs(dash):
+        assert expr.count("(") == expr.count(")"), (title, expr)
+        for name in re.findall(r"\btrimq_[a-z_]+", expr):
+            assert name in known or suffix.sub("", name) in known, f"{title}: unknown metric {name}"
+
+
+def test_dashboard_and_scrape_jobs_agree() -> None:
+    jobs = set(scrape_targets())
+    dash = json.loads((DEPLOY / "grafana" / "trimq.json").read_text())
+    for title, expr in dashboard_exprs(dash):
+        for job in re.findall(r'job="([^"]+)"', expr):
+            assert job in jobs, (title, job)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        CONFIGURATION_MD.write_text(render_configuration_md())
+        print(f"wrote {CONFIGURATION_MD}")
+    else:
+        print(render_configuration_md())

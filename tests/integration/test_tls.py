@@ -218,15 +218,14 @@ async def test_broker_registers_with_a_tls_name_server_and_clients_route_over_tl
 
     ns_cfg = NamesrvConfig(listen="127.0.0.1:0", tls_cert_file=pki.cert, tls_key_file=pki.key)
     async with open_namesrv(config=ns_cfg) as ns:
+        client_cfg = ClientConfig(namesrv_addr=ns.server.address, tls_enable=True, tls_ca_file=pki.ca)
         async with tls_broker(tmp_path, pki, namesrv_addr=ns.server.address, namesrv_tls=True,
-                              tls_ca_file=pki.ca) as broker:
-            async with ClientInstance(ClientConfig(namesrv_addr=ns.server.address, tls_enable=True,
-                                                   tls_ca_file=pki.ca)) as client:
-                await client.api.create_topic(broker.address, "OverTls", read_queue_nums=2, write_queue_nums=2)
-                with trio.fail_after(10):
-                    while not await client.update_topic_route_info_from_name_server("OverTls"):
-                        await trio.sleep(0.05)
-                assert client.find_broker_address_in_publish(broker.config.broker_name) == broker.address
+                              tls_ca_file=pki.ca) as broker, ClientInstance(client_cfg) as client:
+            await client.api.create_topic(broker.address, "OverTls", read_queue_nums=2, write_queue_nums=2)
+            with trio.fail_after(10):
+                while not await client.update_topic_route_info_from_name_server("OverTls"):
+                    await trio.sleep(0.05)
+            assert client.find_broker_address_in_publish(broker.config.broker_name) == broker.address
         # a plain-TCP peer cannot talk to the TLS name server, and it keeps serving
         async with RemotingClient(connect_timeout_s=2) as plain:
             with pytest.raises(RemotingError):

@@ -38,8 +38,9 @@ VECTORS = [
 ]
 
 if __name__ == "__main__":
-    out = [{"name": name, "hex": frame(m), "command": {k: (v.hex() if isinstance(v, bytes) else v)
-                                                       for k, v in m.items()}, "body_is_bin": isinstance(m.get("body"), bytes)}
+    out = [{"name": name, "hex": frame(m),
+            "command": {k: (v.hex() if isinstance(v, bytes) else v) for k, v in m.items()},
+            "body_is_bin": isinstance(m.get("body"), bytes)}
            for name, m in VECTORS]
     with open(os.path.join(os.path.dirname(__file__), "frames.json"), "w") as fh:
         json.dump(out, fh, indent=1)

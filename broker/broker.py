@@ -44,6 +44,10 @@ class Broker:
             name=config.broker_name,
             max_frame_bytes=config.max_frame_bytes,
             max_connections=config.max_connections,
+            max_inflight_requests=config.max_inflight_requests,
+            max_pending_write_bytes=config.max_pending_write_bytes,
+            max_total_pending_write_bytes=config.max_total_pending_write_bytes,
+            busy_body_bytes=config.busy_body_bytes,
             shutdown_grace_s=config.shutdown_grace_ms / 1000,
         )
         self.ssl_context = _server_ssl_context(config)

@@ -49,6 +49,16 @@ class BrokerConfig:
                                     max=64 * 1024 * 1024)
     max_frame_bytes: int = setting(DEFAULT_MAX_FRAME_BYTES, "largest frame accepted, bytes", min=1024, max=2**31 - 1)
     max_connections: int = setting(10_000, "concurrent client connections", min=1, max=1_000_000)
+    # -- flow control (issue 10, docs/PROTOCOL.md §2 "Flow control"): what a peer that does not read costs
+    max_inflight_requests: int = setting(1024, "requests of one connection handled at once (then it is not read)",
+                                         min=1, max=65_536)
+    max_pending_write_bytes: int = setting(32 * 1024 * 1024, "unsent response bytes per connection before "
+                                           "answers wait (or become SYSTEM_BUSY)", min=64 * 1024, max=2**31 - 1)
+    max_total_pending_write_bytes: int = setting(256 * 1024 * 1024, "unsent response bytes of all connections "
+                                                 "before large answers to peers that are behind become "
+                                                 "SYSTEM_BUSY", min=64 * 1024, max=2**40)
+    busy_body_bytes: int = setting(16 * 1024, "a response body larger than this is answered SYSTEM_BUSY rather "
+                                   "than held while its peer is behind; smaller ones wait", min=0, max=2**31 - 1)
     auto_create_topic_enable: bool = setting(True, "create a topic on first send")
     default_topic_queue_nums: int = setting(4, "queues of an auto-created topic", min=1, max=1024)
     long_polling_enable: bool = setting(True, "hold pulls on an empty queue until a message arrives")

@@ -114,6 +114,9 @@ class LockBatchResult:
     renewed: list[MessageQueue] = field(default_factory=list)
     stolen: dict[MessageQueue, str] = field(default_factory=dict)
     refused: dict[MessageQueue, str] = field(default_factory=dict)
+    #: Locked queues whose entry already belonged to the caller (renewed, or its own lapsed entry re-locked):
+    #: nobody else held them since the caller's previous lock, so nobody else consumed them meanwhile.
+    kept: set[MessageQueue] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -159,6 +162,8 @@ class RebalanceLockManager:
         self._max_live_ms = max_live_ms
         self._now_ms = now_ms
         self._table: dict[str, dict[MessageQueue, _LockEntry]] = {}
+        # The last client each queue was locked by, kept after unlocks and expiries (offset_owner).
+        self._last_holder: dict[str, dict[MessageQueue, str]] = {}
         self.stats = LockStats()
 
     @property
@@ -199,6 +204,9 @@ class RebalanceLockManager:
         now = self._now_ms()
         result = LockBatchResult()
         for mq in queues:
+            prior = self._table.get(group, {}).get(mq)
+            if prior is not None and prior.client_id == client_id:
+                result.kept.add(mq)  # its own entry: renewed or re-locked, never refused
             outcome, other = self._lock_one(group, mq, client_id, now)
             if outcome is LockOutcome.ACQUIRED:
                 result.acquired.append(mq)
@@ -283,6 +291,19 @@ class RebalanceLockManager:
             return None
         return entry.client_id
 
+    def offset_owner(self, group: str, mq: MessageQueue) -> str | None:
+        """The client that may move ``mq``'s consumer offset in ``group`` (trimq, for fencing): the holder of its
+        live lock, else the last client that held it, else None (never locked since the broker started: anyone).
+
+        The last holder matters between two owners: when one releases a queue and before the next locks it,
+        a paused ex-owner waking up must not slip its stale offset in (found by the chaos suite). A new owner
+        always locks before it commits. Never renews.
+        """
+        live = self.live_owner(group, mq)
+        if live is not None:
+            return live
+        return self._last_holder.get(group, {}).get(mq)
+
     def is_fenced(self, group: str, mq: MessageQueue, client_id: str) -> bool:
         """True if another client holds a live lock on ``mq``, so ``client_id`` must not move its offset.
 
@@ -347,6 +368,8 @@ class RebalanceLockManager:
         """One queue's lock attempt; returns the outcome and, when stolen or refused, the other client."""
         entries = self._table.setdefault(group, {})
         entry = entries.get(mq)
+        if entry is None or entry.client_id == client_id or self._expired(entry, now):
+            self._last_holder.setdefault(group, {})[mq] = client_id  # the caller holds it below (offset_owner)
         if entry is None:
             entries[mq] = _LockEntry(client_id, now)
             self.stats.acquired += 1

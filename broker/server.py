@@ -2,13 +2,25 @@
 
 One task reads each connection and starts a task per request, so a slow request (a long-polling pull, a
 SYNC_FLUSH send waiting for its fsync) never holds up the others and responses may go out of order.
-Outgoing frames are queued per connection and written by one writer task, which joins everything queued
-into one ``send_all``: a pipelining client gets many responses per system call.
+Handlers registered with ``inline=True`` (cheap ones that never wait long: an ASYNC_FLUSH send, a heartbeat,
+offsets, locks) run in the reading task instead, which saves a task per request; a handler with a
+``fast_path`` runs it inline first and falls back to a task only when the fast path cannot answer (a pull
+finds messages at once; only a pull that has to be held gets a task). Outgoing frames are queued per
+connection and written by one writer task, which joins everything queued into one ``send_all``: a
+pipelining client gets many responses per system call.
 
 Bounds that keep a misbehaving peer from hurting others: at most ``max_connections`` connections; per
 connection at most ``max_inflight_requests`` requests being handled (the reader stops reading until one
 finishes, so TCP pushes back on the sender) and at most ``max_pending_write_bytes`` of unsent responses
 (handlers wait for the peer to read). A malformed frame closes only that connection.
+
+Flow control (docs/PROTOCOL.md §2): a response whose body is larger than ``busy_body_bytes`` (a pull's
+records) is replaced by a bodiless SYSTEM_BUSY, RocketMQ's flow-control code, when queueing it would take
+its connection past ``max_pending_write_bytes`` unsent, or the whole server past
+``max_total_pending_write_bytes`` while that peer is itself behind; smaller frames wait for space before
+they are encoded. So a peer that pipelines requests and never reads costs the broker at most about
+``max_pending_write_bytes + max_inflight_requests * busy_body_bytes``, and all such peers together about
+``max_total_pending_write_bytes`` plus their small frames, while peers that read keep being served.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ import trio
 
 from protocol.address import format_address
 from protocol.codes import ResponseCode, code_name
-from protocol.command import FLAG_ONEWAY, RemotingCommand
+from protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from protocol.errors import ProtocolError
 from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from protocol.logs import RateLimiter, get_logger, log_rate_limited
@@ -31,9 +43,23 @@ from protocol.logs import RateLimiter, get_logger, log_rate_limited
 log = get_logger("trimq.server")
 
 Handler = Callable[[RemotingCommand, "Connection"], Awaitable[RemotingCommand | None]]
+
+
+class Deferred:
+    """What a fast path returns when it took charge of the request and will answer it later through
+    :meth:`Connection.answer_deferred` (a held pull answered when a message arrives)."""
+
+    __slots__ = ()
+
+
+DEFERRED = Deferred()
+
+# A synchronous first try at a request: its response, DEFERRED, or None when the full (async) handler must run.
+FastPath = Callable[[RemotingCommand, "Connection"], "RemotingCommand | Deferred | None"]
 # Runs before the handler; returns None to allow, or the NO_PERMISSION remark saying what is missing.
 Authorizer = Callable[[RemotingCommand, "Connection"], "str | None"]
 RECEIVE_CHUNK_BYTES = 256 * 1024
+WRITE_BATCH_BYTES = 1024 * 1024  # frames joined into one send_all at most (a copy)
 
 
 class RequestError(Exception):
@@ -68,6 +94,8 @@ class Connection:
         self._pending: dict[int, trio.MemorySendChannel[RemotingCommand]] = {}
         self._opaques = itertools.count(1)
         self._handlers_nursery: trio.Nursery | None = None
+        self.deferred = 0  # requests a fast path took charge of, not answered yet (see answer_deferred)
+        self._deferred_lot = trio.lowlevel.ParkingLot()
 
     def __repr__(self) -> str:
         return f"<Connection #{self.id} {self.remote}>"
@@ -77,18 +105,79 @@ class Connection:
         return self._out_bytes
 
     async def send(self, cmd: RemotingCommand) -> None:
-        """Queue ``cmd`` for writing. Waits while the peer has more than the allowed bytes unread.
+        """Queue ``cmd`` for writing, with flow control (the module documentation, docs/PROTOCOL.md §2): a
+        response with a large body to a peer that is behind becomes SYSTEM_BUSY at once; anything else waits
+        while the peer has more than ``max_pending_write_bytes`` unread, *before* it is encoded.
 
         Sending on a closed connection is a no-op: the peer is gone and nobody can get the frame.
         """
-        data = encode_frame(cmd, self.server.max_frame_bytes)
-        while self._out_bytes > self.server.max_pending_write_bytes and not self.closed:
+        cmd = self._flow_control(cmd)
+        server = self.server
+        while self._out_bytes > server.max_pending_write_bytes and not self.closed:
             await self._space_available.park()
         if self.closed:
             return
+        self._queue(encode_frame(cmd, server.max_frame_bytes))
+
+    def send_nowait(self, cmd: RemotingCommand) -> None:
+        """Queue ``cmd`` for writing without waiting for the peer to read (the caller bounds how much it sends
+        this way: one answer per request the peer made; a large body to a peer that is behind still becomes
+        SYSTEM_BUSY). A no-op on a closed connection."""
+        if self.closed:
+            return
+        self._queue(encode_frame(self._flow_control(cmd), self.server.max_frame_bytes))
+
+    def _flow_control(self, cmd: RemotingCommand) -> RemotingCommand:
+        """``cmd``, or a bodiless SYSTEM_BUSY answer in its place when it is a response whose body exceeds
+        ``busy_body_bytes`` and would take this connection past ``max_pending_write_bytes`` unsent, or the
+        server past ``max_total_pending_write_bytes`` while this peer is itself behind. Dropping the body at
+        once is what bounds memory: up to ``max_inflight_requests`` handlers per connection could otherwise
+        each hold one while waiting for a peer that never reads."""
+        body = cmd.body
+        if not cmd.flag & FLAG_RESPONSE or not isinstance(body, bytes | bytearray | memoryview):
+            return cmd
+        size = len(body)
+        server = self.server
+        if size <= server.busy_body_bytes:
+            return cmd
+        if self._out_bytes + size <= server.max_pending_write_bytes and (
+                server.pending_write_bytes + size <= server.max_total_pending_write_bytes
+                or self._out_bytes < server.busy_body_bytes):
+            return cmd
+        server.flow_control_rejections += 1
+        log_rate_limited(server.warn_limiter, "connection.flow_control", _mono_ms(), log.warning,
+                         "connection.flow_control", server=server.name, remote=self.remote, conn=self.id,
+                         pending_bytes=self._out_bytes, total_pending_bytes=server.pending_write_bytes,
+                         dropped_body_bytes=size, rejections=server.flow_control_rejections)
+        return RemotingCommand(code=int(ResponseCode.SYSTEM_BUSY), opaque=cmd.opaque, flag=cmd.flag,
+                               remark=f"[FLOW_CONTROL] {self._out_bytes} bytes of earlier responses not read yet; "
+                                      "try again later")
+
+    def _queue(self, data: bytes) -> None:
         self._out.append(data)
         self._out_bytes += len(data)
+        self.server.pending_write_bytes += len(data)
         self._writer_wakeup.unpark_all()
+
+    def defer(self) -> None:
+        """A fast path took charge of a request and will answer it later (:meth:`answer_deferred`, or
+        :meth:`drop_deferred` when it gives up); a graceful stop waits for those answers."""
+        self.deferred += 1
+
+    def answer_deferred(self, cmd: RemotingCommand) -> None:
+        """Send the late answer to a deferred request (its opaque already set)."""
+        self.send_nowait(cmd)
+        self.drop_deferred()
+
+    def drop_deferred(self) -> None:
+        if self.deferred > 0:
+            self.deferred -= 1
+        if not self.deferred:
+            self._deferred_lot.unpark_all()
+
+    async def _wait_deferred(self) -> None:
+        while self.deferred and not self.closed:
+            await self._deferred_lot.park()
 
     async def request(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
         """Send a server-initiated request and wait for the peer's response (e.g. GET_CONSUMER_RUNNING_INFO).
@@ -120,10 +209,16 @@ class Connection:
                 if not self._out:
                     await self._writer_wakeup.park()
                     continue
-                chunks, self._out = self._out, []
-                size = sum(map(len, chunks))
-                await self.stream.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-                self._out_bytes -= size
+                out = self._out
+                size, n = len(out[0]), 1
+                while n < len(out) and size < WRITE_BATCH_BYTES:  # bounded: the join below is a copy
+                    size += len(out[n])
+                    n += 1
+                chunks, self._out = (out, []) if n == len(out) else (out[:n], out[n:])
+                await self.stream.send_all(chunks[0] if n == 1 else b"".join(chunks))
+                if not self.closed:  # else _mark_closed already took everything off the counts
+                    self._out_bytes -= size
+                    self.server.pending_write_bytes -= size
                 self._space_available.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._mark_closed()
@@ -138,8 +233,10 @@ class Connection:
             return
         self.closed = True
         self._out.clear()
+        self.server.pending_write_bytes -= self._out_bytes
         self._out_bytes = 0
         self._space_available.unpark_all()
+        self._deferred_lot.unpark_all()
         for ch in self._pending.values():
             ch.close()
 
@@ -163,47 +260,83 @@ class Connection:
                                  conn=self.id, error=type(exc).__name__, detail=str(exc),
                                  protocol_errors=self.server.protocol_errors)
                 return "protocol_error"
+            server = self.server
+            inline = server._inline
+            fast_paths = server._fast_paths
             for cmd in cmds:
-                if cmd.is_response:
+                if cmd.flag & FLAG_RESPONSE:
                     ch = self._pending.get(cmd.opaque)
                     if ch is not None:
                         ch.send_nowait(cmd)
                     continue
+                code = cmd.code
+                if code in inline:
+                    await self._dispatch(cmd)
+                    continue
+                fast = fast_paths.get(code)
+                if fast is not None and await self._try_fast(cmd, fast):
+                    continue
                 await self._inflight.acquire()
                 handlers.start_soon(self._handle, cmd)
 
-    async def _handle(self, cmd: RemotingCommand) -> None:
+    async def _try_fast(self, cmd: RemotingCommand, fast: FastPath) -> bool:
+        """Run a handler's synchronous fast path in the reading task; True when it answered the request."""
         server = self.server
+        if server.authorizer is not None:
+            return False  # the full path checks permissions first
+        started = time.perf_counter()
         try:
-            handler = server.handlers.get(cmd.code)
-            started = time.perf_counter()
-            resp: RemotingCommand | None
-            denied = server._authorize(cmd, self) if server.authorizer is not None else None
-            if denied is not None:
-                resp = RemotingCommand.response_to(cmd, ResponseCode.NO_PERMISSION, denied)
-            elif handler is None:
-                resp = RemotingCommand.response_to(
-                    cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} is not supported"
-                )
-            else:
-                try:
-                    resp = await handler(cmd, self)
-                except RequestError as exc:
-                    resp = RemotingCommand.response_to(cmd, exc.code, exc.remark)
-                except trio.Cancelled:
-                    raise
-                except Exception as exc:
-                    log.exception("request.failed", code=code_name(cmd.code, response=False), remote=self.remote)
-                    resp = RemotingCommand.response_to(
-                        cmd, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}"
-                    )
-            if server.observe is not None:
-                server.observe(cmd.code, resp.code if resp is not None else 0, time.perf_counter() - started)
-            if resp is not None and not cmd.is_oneway:
-                resp.opaque = cmd.opaque
-                await self.send(resp)
+            resp = fast(cmd, self)
+        except Exception:
+            return False  # let the full handler produce the proper error response
+        if resp is None:
+            return False
+        if resp is DEFERRED:
+            return True  # answered later through answer_deferred
+        assert isinstance(resp, RemotingCommand)
+        if server.observe is not None:
+            server.observe(cmd.code, resp.code, time.perf_counter() - started)
+        if not cmd.flag & FLAG_ONEWAY:
+            resp.opaque = cmd.opaque
+            await self.send(resp)
+        return True
+
+    async def _handle(self, cmd: RemotingCommand) -> None:
+        try:
+            await self._dispatch(cmd)
         finally:
             self._inflight.release()
+
+    async def _dispatch(self, cmd: RemotingCommand) -> None:
+        """Authorize, run the handler, answer (errors become SYSTEM_ERROR responses)."""
+        server = self.server
+        handler = server.handlers.get(cmd.code)
+        started = time.perf_counter()
+        resp: RemotingCommand | None
+        denied = server._authorize(cmd, self) if server.authorizer is not None else None
+        if denied is not None:
+            resp = RemotingCommand.response_to(cmd, ResponseCode.NO_PERMISSION, denied)
+        elif handler is None:
+            resp = RemotingCommand.response_to(
+                cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} is not supported"
+            )
+        else:
+            try:
+                resp = await handler(cmd, self)
+            except RequestError as exc:
+                resp = RemotingCommand.response_to(cmd, exc.code, exc.remark)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                log.exception("request.failed", code=code_name(cmd.code, response=False), remote=self.remote)
+                resp = RemotingCommand.response_to(
+                    cmd, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}"
+                )
+        if server.observe is not None:
+            server.observe(cmd.code, resp.code if resp is not None else 0, time.perf_counter() - started)
+        if resp is not None and not cmd.flag & FLAG_ONEWAY:
+            resp.opaque = cmd.opaque
+            await self.send(resp)
 
     async def _wait_idle(self) -> None:
         """Wait until no request of this connection is being handled."""
@@ -225,6 +358,8 @@ class RemotingServer:
         max_connections: int = 10_000,
         max_inflight_requests: int = 1024,
         max_pending_write_bytes: int = 32 * 1024 * 1024,
+        max_total_pending_write_bytes: int = 256 * 1024 * 1024,
+        busy_body_bytes: int = 16 * 1024,
         shutdown_grace_s: float = 5.0,
         authorizer: Authorizer | None = None,
     ) -> None:
@@ -234,8 +369,14 @@ class RemotingServer:
         self.max_connections = max_connections
         self.max_inflight_requests = max_inflight_requests
         self.max_pending_write_bytes = max_pending_write_bytes
+        self.max_total_pending_write_bytes = max_total_pending_write_bytes
+        self.busy_body_bytes = busy_body_bytes
+        self.pending_write_bytes = 0  # unsent bytes of every connection
+        self.flow_control_rejections = 0  # responses replaced by SYSTEM_BUSY (Connection._flow_control)
         self.shutdown_grace_s = shutdown_grace_s
         self.handlers: dict[int, Handler] = {}
+        self._inline: set[int] = set()  # codes whose handlers run in the reading task
+        self._fast_paths: dict[int, FastPath] = {}
         self.connections: dict[int, Connection] = {}
         self.addresses: list[tuple[str, int]] = []
         self.protocol_errors = 0
@@ -257,9 +398,27 @@ class RemotingServer:
             log.exception("request.authorizer_failed", code=code_name(cmd.code, response=False), remote=conn.remote)
             return f"permission check failed: {type(exc).__name__}: {exc}"
 
-    def register(self, code: int, handler: Handler) -> None:
-        """Route requests with ``code`` to ``handler``; the last registration for a code wins."""
-        self.handlers[int(code)] = handler
+    def register(self, code: int, handler: Handler, *, inline: bool = False,
+                 fast_path: FastPath | None = None) -> None:
+        """Route requests with ``code`` to ``handler``; the last registration for a code wins.
+
+        ``inline=True`` runs the handler in the connection's reading task instead of a task of its own: only
+        for handlers that never wait long (a wait stalls every later request of that connection; a shutdown
+        may cancel one at an ``await``). ``fast_path(cmd, conn)`` is a synchronous first try run inline: its
+        response is sent at once, and only when it returns None does ``handler`` run in a task. It must
+        leave no trace when it returns None or raises (the handler then answers, errors included), and is
+        skipped when an authorizer is set.
+        """
+        code = int(code)
+        self.handlers[code] = handler
+        if inline:
+            self._inline.add(code)
+        else:
+            self._inline.discard(code)
+        if fast_path is not None:
+            self._fast_paths[code] = fast_path
+        else:
+            self._fast_paths.pop(code, None)
 
     def on_connection_closed(self, callback: Callable[[Connection], None]) -> None:
         """Call ``callback(conn)`` (synchronously) as soon as a connection closes, for whatever reason."""
@@ -367,6 +526,7 @@ class RemotingServer:
                     self._read_scopes.pop(conn.id, None)
                     if read_scope.cancelled_caught:
                         reason = "shutdown"  # let in-flight requests finish; the drain bound cuts them off
+                        await conn._wait_deferred()
                     else:
                         # The peer is gone or spoke garbage: nobody can receive answers, stop working for it.
                         conn._mark_closed()
@@ -447,5 +607,6 @@ def _set_nodelay(stream: Any) -> None:
             pass
 
 
-__all__ = ["Authorizer", "Connection", "ConnectionClosedError", "Handler", "RemotingServer", "RequestError",
+__all__ = ["DEFERRED", "Authorizer", "Connection", "ConnectionClosedError", "Deferred", "FastPath", "Handler",
+           "RemotingServer", "RequestError",
            "server_ssl_context", "tls_listeners"]

@@ -28,7 +28,7 @@ from protocol.command import RemotingCommand
 from protocol.errors import RecordError
 from protocol.message import MessageConst, MessageExt
 from protocol.message_queue import MessageQueue
-from protocol.record import decode_record, iter_records, parse_message_id
+from protocol.record import RecordDecoder, decode_record, parse_message_id
 
 __all__ = [
     "PERM_INHERIT",
@@ -117,6 +117,9 @@ _PULL_STATUS = {
     ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
     ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
 }
+
+
+_PULL_STATUS_BY_CODE = {int(code): status for code, status in _PULL_STATUS.items()}
 
 
 @dataclass(slots=True)
@@ -262,6 +265,8 @@ def _malformed(what: str, addr: str, detail: str) -> MQClientError:
 
 def _int(m: Mapping[str, Any] | None, key: str, what: str, addr: str, default: int | None = None) -> int:
     v = (m or {}).get(key, default)
+    if type(v) is int:
+        return v
     if isinstance(v, bool) or not isinstance(v, int):
         if isinstance(v, str):
             try:
@@ -340,15 +345,22 @@ def process_pull_messages(
     if not isinstance(body, bytes | bytearray | memoryview):
         raise _malformed("PULL_MESSAGE", addr, f"body must be bytes, got {type(body).__name__}")
     try:
-        msgs = list(iter_records(body))
+        msgs = _RECORDS.decode_all(body)
     except RecordError as exc:
         raise _malformed("PULL_MESSAGE", addr, f"undecodable records: {exc}") from None
     tag_set = set(tags or ())
     kept = [m for m in msgs if m.tags is not None and m.tags in tag_set] if tag_set else msgs
+    lo, hi = str(min_offset), str(max_offset)
     for m in kept:
-        m.properties[MessageConst.MIN_OFFSET] = str(min_offset)
-        m.properties[MessageConst.MAX_OFFSET] = str(max_offset)
+        props = m.properties
+        props[_MIN_OFFSET] = lo
+        props[_MAX_OFFSET] = hi
     return kept, len(msgs) - len(kept)
+
+
+_RECORDS = RecordDecoder()  # the host/topic caches are shared by every pull of the process
+_MIN_OFFSET = MessageConst.MIN_OFFSET
+_MAX_OFFSET = MessageConst.MAX_OFFSET
 
 
 # ------------------------------------------------------------------------------------------------
@@ -447,6 +459,42 @@ class MQClientAPI:
         resp = await self.invoke(addr, RequestCode.SEND_BATCH_MESSAGE, ext, messages, timeout_ms=timeout_ms, ok=ok)
         return self._send_result(resp, addr, topic, broker_name, ",".join(uniq_ids), "SEND_BATCH_MESSAGE")
 
+    async def send_batches(
+        self,
+        addr: str,
+        broker_name: str,
+        batches: list[tuple[str, int, list[dict[str, Any]], list[str]]],
+        *,
+        producer_group: str,
+        born_timestamp: int,
+        timeout_ms: int | None = None,
+    ) -> list[SendResult | Exception]:
+        """Several SEND_BATCH_MESSAGE requests to one broker, pipelined: ``batches`` are ``(topic, queue id,
+        messages, unique ids)``. Returns, in order, each SendResult or the exception its request ended with
+        (MQBrokerError for an error answer, a RemotingError when no answer came)."""
+        cmds = [
+            RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, 0, 0, 0, None, {
+                "producerGroup": producer_group, "topic": topic, "queueId": queue_id, "sysFlag": 0,
+                "bornTimestamp": born_timestamp, "flag": 0, "properties": "",
+            }, messages)
+            for topic, queue_id, messages, _ in batches
+        ]
+        timeout = (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
+        resps = await self.remoting.invoke_many(addr, cmds, timeout)
+        out: list[SendResult | Exception] = []
+        what = "SEND_BATCH_MESSAGE"
+        for (topic, _, _, ids), resp in zip(batches, resps, strict=True):
+            if isinstance(resp, Exception):
+                out.append(resp)
+            elif resp.code not in _SEND_STATUS:
+                out.append(broker_error(resp.code, resp.remark, addr, what))
+            else:
+                try:
+                    out.append(self._send_result(resp, addr, topic, broker_name, ",".join(ids), what))
+                except MQClientError as exc:
+                    out.append(exc)
+        return out
+
     @staticmethod
     def _send_result(
         resp: RemotingCommand, addr: str, topic: str, broker_name: str, uniq_id: str, what: str
@@ -492,17 +540,24 @@ class MQClientAPI:
             "subscription": subscription,
             "subVersion": sub_version,
         }
-        resp = await self.invoke(addr, RequestCode.PULL_MESSAGE, ext, timeout_ms=timeout_ms, ok=tuple(_PULL_STATUS))
+        # built directly (every field is set): this is the consumer's hottest request
+        cmd = RemotingCommand(RequestCode.PULL_MESSAGE, 0, 0, 0, None, ext, None)
+        timeout = (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
+        resp = await self.remoting.invoke(addr, cmd, timeout)
+        status = _PULL_STATUS_BY_CODE.get(resp.code)
+        if status is None:
+            raise broker_error(resp.code, resp.remark, addr, "PULL_MESSAGE")
         what = "PULL_MESSAGE"
-        status = _PULL_STATUS[ResponseCode(resp.code)]
-        min_offset = _int(resp.ext, "minOffset", what, addr, 0)
-        max_offset = _int(resp.ext, "maxOffset", what, addr, 0)
+        rext = resp.ext
+        min_offset = _int(rext, "minOffset", what, addr, 0)
+        max_offset = _int(rext, "maxOffset", what, addr, 0)
         result = PullResult(
-            status=status,
-            next_begin_offset=_int(resp.ext, "nextBeginOffset", what, addr, queue_offset),
-            min_offset=min_offset,
-            max_offset=max_offset,
-            suggest_which_broker_id=_int(resp.ext, "suggestWhichBrokerId", what, addr, MASTER_ID),
+            status,
+            _int(rext, "nextBeginOffset", what, addr, queue_offset),
+            min_offset,
+            max_offset,
+            [],
+            _int(rext, "suggestWhichBrokerId", what, addr, MASTER_ID),
         )
         if status is PullStatus.FOUND:
             result.msg_found_list, result.filtered_out = process_pull_messages(
@@ -599,10 +654,14 @@ class MQClientAPI:
         origin_msg_id: str,
         origin_topic: str,
         max_reconsume_times: int | None = None,
+        skipped_by: str | None = None,
         timeout_ms: int | None = 5000,
     ) -> None:
-        """CONSUMER_SEND_MSG_BACK: store a consumed message again in the group's retry (or DLQ) topic."""
-        ext = {
+        """CONSUMER_SEND_MSG_BACK: store a consumed message again in the group's retry (or DLQ) topic.
+
+        ``skipped_by`` (trimq) marks a dead letter an operator skipped, rather than one that ran out of retries.
+        """
+        ext: dict[str, Any] = {
             "group": group,
             "offset": commit_log_offset,
             "delayLevel": delay_level,
@@ -610,6 +669,8 @@ class MQClientAPI:
             "originTopic": origin_topic,
             "maxReconsumeTimes": max_reconsume_times,
         }
+        if skipped_by:
+            ext["skippedBy"] = skipped_by
         await self.invoke(addr, RequestCode.CONSUMER_SEND_MSG_BACK, ext, timeout_ms=timeout_ms)
 
     # --- membership and locks --------------------------------------------------------------------
@@ -657,6 +718,24 @@ class MQClientAPI:
         resp = await self.invoke(addr, RequestCode.LOCK_BATCH_MQ, body=body, timeout_ms=timeout_ms)
         m = _map(resp.body, "LOCK_BATCH_MQ", addr, "body")
         return _mq_list(m.get("lockOKMQSet"), "LOCK_BATCH_MQ", addr)
+
+    async def lock_batch_mq_detailed(
+        self,
+        addr: str,
+        consumer_group: str,
+        client_id: str,
+        mqs: Iterable[MessageQueue],
+        *,
+        timeout_ms: int | None = 1000,
+    ) -> tuple[set[MessageQueue], set[MessageQueue] | None]:
+        """LOCK_BATCH_MQ returning ``(held, kept)``: ``kept`` are the held queues nobody else locked since this
+        client's previous lock (trimq's ``keptMQSet``; None from a broker that does not say)."""
+        body = {"consumerGroup": consumer_group, "clientId": client_id, "mqSet": [m.to_wire() for m in mqs]}
+        resp = await self.invoke(addr, RequestCode.LOCK_BATCH_MQ, body=body, timeout_ms=timeout_ms)
+        m = _map(resp.body, "LOCK_BATCH_MQ", addr, "body")
+        held = _mq_list(m.get("lockOKMQSet"), "LOCK_BATCH_MQ", addr)
+        kept = m.get("keptMQSet")
+        return held, None if kept is None else _mq_list(kept, "LOCK_BATCH_MQ", addr) & held
 
     async def unlock_batch_mq(
         self,

@@ -276,15 +276,21 @@ class LoadProducer:
 
     Message ``i`` belongs to key ``i % keys`` and is that key's message number ``i // keys`` (its seq).
 
-    **Pipelining and order.** ``inflight`` worker tasks send at once. With ``orderly``, keys are dealt to
-    the workers (key ``k`` to worker ``k % inflight``) and each worker sends its keys' messages in seq
-    order, waiting for each send's acknowledgement before the next of its sends (a failed send is retried,
-    same key and seq, before moving on). So a key's next message is only sent once the previous one is
-    stored: the broker's storage order, hence queue-offset order, is the send order, whatever the
-    connection, request scheduling or retries do. Throughput comes from many keys in flight at once.
-    (The alternative — one in-order pipelined stream per queue — keeps order only as long as nothing
-    fails and the broker handles a connection's requests strictly in order; a retry would reorder.)
-    Orderly messages go to ``select_by_hash(queues, key)``: CRC-32 of the key modulo the queue count.
+    **Pipelining and order.** ``inflight`` worker tasks send at once. With ``orderly``, every worker serves
+    keys of one queue only (the workers are shared out over the queues by their number of keys) and sends
+    its keys' messages in seq order, waiting for each send's acknowledgement before the next of its sends
+    (a failed send is retried, same key and seq, before moving on). So a key's next message is only sent
+    once the previous one is stored: the broker's storage order, hence queue-offset order, is the send
+    order, whatever the connection, request scheduling or retries do. Throughput comes from many keys in
+    flight at once. (The alternative — one in-order pipelined stream per queue — keeps order only as long
+    as nothing fails and the broker handles a connection's requests strictly in order; a retry would
+    reorder.) Orderly messages go to ``select_by_hash(queues, key)``: CRC-32 of the key modulo the queue
+    count, over the queues of every broker.
+
+    **A broker down.** An orderly message cannot go elsewhere (its key's queue is fixed): it is retried,
+    same key and seq, until its broker is back (for at most :data:`SEND_DEADLINE_S`, then the run fails).
+    Since a worker serves one queue, only the keys of the down broker's queues wait; the other keys keep
+    flowing (RocketMQ's advice: spread ordered keys over the queues of several brokers).
     """
 
     def __init__(self, producer: Any, opts: ProducerOptions, *, record: RecordWriter | None = None,
@@ -323,9 +329,8 @@ class LoadProducer:
                 nursery.start_soon(self._show_progress)
             async with trio.open_nursery() as workers:
                 if o.orderly:
-                    n = min(o.inflight, o.keys)
-                    for w in range(n):
-                        workers.start_soon(self._guard, self._orderly_worker, w, n, mqs, select_by_hash)
+                    for mq, keys in orderly_key_shares(mqs, o.keys, o.inflight, select_by_hash):
+                        workers.start_soon(self._guard, self._orderly_worker, keys, mq)
                 else:
                     for _ in range(o.inflight):
                         workers.start_soon(self._guard, self._free_worker)
@@ -355,25 +360,22 @@ class LoadProducer:
             self.progress.show(self.summary.sent, self.summary.failed)
             await trio.sleep(0.25)
 
-    async def _orderly_worker(self, w: int, n: int, mqs: list[Any], selector: Any) -> None:
+    async def _orderly_worker(self, my_keys: list[int], mq: Any) -> None:
         o = self.opts
-        my_keys = range(w, o.keys, n)
         rounds = math.ceil(o.count / o.keys)
         for r in range(rounds):
-            # One message per key of this worker: distinct keys, so batching them by queue keeps each
-            # key's order (its previous message was acknowledged in the previous round).
-            by_queue: dict[Any, list[tuple[int, str, int, Message]]] = {}
+            # One message per key of this worker (keys ascending, all of queue ``mq``): distinct keys, so
+            # batching them keeps each key's order (its previous message was acknowledged last round).
+            items: list[tuple[int, str, int, Message]] = []
             for k in my_keys:
                 i = r * o.keys + k
                 if i >= o.count:
                     break
-                key, seq, msg = self._message(i)
-                by_queue.setdefault(selector(mqs, msg, key), []).append((i, key, seq, msg))
-            for mq, items in sorted(by_queue.items(), key=lambda kv: kv[1][0][0]):
-                for c in range(0, len(items), o.batch):
-                    if self._stopping:
-                        return
-                    await self._send_until_acked(items[c:c + o.batch], mq)
+                items.append((i, *self._message(i)))
+            for c in range(0, len(items), o.batch):
+                if self._stopping:
+                    return
+                await self._send_until_acked(items[c:c + o.batch], mq)
 
     async def _send_until_acked(self, items: list[tuple[int, str, int, Message]], mq: Any) -> None:
         await self._pacer.wait(len(items))
@@ -435,6 +437,23 @@ class LoadProducer:
              "msg_id": ids[j] if j < len(ids) else "", "send_time": sent_at, "ack_time": now}
             for j, (_, key, seq, _) in enumerate(items)
         ])
+
+
+def orderly_key_shares(mqs: list[Any], keys: int, workers: int, selector: Any) -> list[tuple[Any, list[int]]]:
+    """Deal ``keys`` to at most ``workers`` orderly workers so that each serves keys of one queue:
+    ``[(queue, [key index, ...]), ...]``. Each queue with keys gets at least one worker, the rest are
+    shared out by the queues' numbers of keys; a worker's keys are ascending."""
+    by_queue: dict[Any, list[int]] = {}
+    for k in range(keys):
+        key = key_name(k, keys)
+        by_queue.setdefault(selector(mqs, None, key), []).append(k)
+    queues = sorted(by_queue.items(), key=lambda kv: kv[1][0])
+    budget = max(workers, len(queues))
+    shares = []
+    for mq, ks in queues:
+        n = max(1, min(len(ks), round(budget * len(ks) / keys)))
+        shares += [(mq, ks[j::n]) for j in range(n)]
+    return shares
 
 
 async def ensure_topic(instance: Any, topic: str, queues: int, *, timeout_s: float = 15.0) -> int:

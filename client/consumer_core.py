@@ -100,6 +100,7 @@ class ConsumerCore:
             on_queue_removed=instance.rebalance_immediately,
         )
         self.rebalance.pull_service = self.pull_service
+        self.rebalance.on_stale_queue = instance.rebalance_immediately  # re-create it from the committed offset
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
         self._running = False
@@ -170,7 +171,16 @@ class ConsumerCore:
         self._nursery.start_soon(retry)
 
     async def persist_consumer_offset(self) -> None:
-        await self.offset_store.persist_all(set(self.rebalance.process_queue_table))
+        """Send the in-memory offsets to the brokers. An orderly consumer sends only those of queues whose lock
+        it still holds: after its lock lapsed (a pause), another client may own the queue's progress, and the
+        offset it remembers would rewind it; the store forgets those (they are re-read if the lock is back)."""
+        table = self.rebalance.process_queue_table
+        if self._consume_orderly and self.config.clustering:
+            now = self.rebalance.clock()
+            mqs = {mq for mq, pq in table.items() if pq.locked and not pq.is_lock_expired(now)}
+        else:
+            mqs = set(table)
+        await self.offset_store.persist_all(mqs)
 
     # --- subscriptions ------------------------------------------------------------------------------
 

@@ -145,6 +145,7 @@ class ConsumerMetrics:
         if fam is None:
             fam = _FAMILIES[self.registry] = _Families(self.registry)
         self._f = fam
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def attach(self, source: MetricsSource) -> None:
         """Report ``source``'s state at every scrape (until it is garbage or :meth:`detach` is called)."""
@@ -153,17 +154,27 @@ class ConsumerMetrics:
     def detach(self, source: MetricsSource) -> None:
         self._f.state.sources.discard(source)
 
+    def _child(self, family: Any, *labels: str) -> Any:
+        # ``labels()`` validates and locks on every call; the per-batch metrics reuse their children
+        key = (id(family), labels)
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) >= 10_000:
+                self._children.clear()
+            child = self._children[key] = family.labels(*labels)
+        return child
+
     def observe_consume(self, topic: str, seconds: float) -> None:
-        self._f.consume_latency.labels(self.group, topic).observe(seconds)
+        self._child(self._f.consume_latency, self.group, topic).observe(seconds)
 
     def count_consumed(self, topic: str, ok: int, failed: int) -> None:
         if ok:
-            self._f.consumed.labels(self.group, topic, "ok").inc(ok)
+            self._child(self._f.consumed, self.group, topic, "ok").inc(ok)
         if failed:
-            self._f.consumed.labels(self.group, topic, "failed").inc(failed)
+            self._child(self._f.consumed, self.group, topic, "failed").inc(failed)
 
     def observe_pull(self, topic: str, seconds: float) -> None:
-        self._f.pull_latency.labels(self.group, topic).observe(seconds)
+        self._child(self._f.pull_latency, self.group, topic).observe(seconds)
 
     def count_send_back(self, how: str) -> None:
         self._f.send_back.labels(self.group, how).inc()

@@ -147,6 +147,7 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         self.table = OffsetTable()
         self.fenced_updates = 0
         self._rate = RateLimiter(10_000)
+        self._persist_locks: dict[MessageQueue, trio.Lock] = {}
 
     async def load(self) -> None:
         """Nothing to load: offsets are read from the broker when a queue is assigned."""
@@ -224,13 +225,24 @@ class RemoteBrokerOffsetStore(_MemoryOps):
             await self._persist_one(mq, offset)
 
     async def _persist_one(self, mq: MessageQueue, offset: int) -> None:
-        try:
-            await self.update_consume_offset_to_broker(mq, offset)
-        except (MQClientError, MQBrokerError, RemotingError) as exc:
-            log_rate_limited(
-                self._rate, ("persist", mq), _now_ms(), log.warning, "offset.persist_failed",
-                group=self.consumer_group, mq=str(mq), offset=offset, error=str(exc),
-            )
+        # One UPDATE_CONSUMER_OFFSET per queue at a time, carrying the offset as it is when sent (None: the
+        # queue was given away meanwhile): the broker handles a connection's requests concurrently, so two
+        # overlapping updates could land in either order and a snapshot taken before the other could rewind
+        # the queue for its next owner (found by the chaos suite).
+        lock = self._persist_locks.get(mq)
+        if lock is None:
+            lock = self._persist_locks[mq] = trio.Lock()
+        async with lock:
+            current = self.table.get(mq)
+            if current is None:
+                return
+            try:
+                await self.update_consume_offset_to_broker(mq, current)
+            except (MQClientError, MQBrokerError, RemotingError) as exc:
+                log_rate_limited(
+                    self._rate, ("persist", mq), _now_ms(), log.warning, "offset.persist_failed",
+                    group=self.consumer_group, mq=str(mq), offset=current, error=str(exc),
+                )
 
     def remove_offset(self, mq: MessageQueue) -> None:
         """Forget ``mq``'s cached offset (after persisting it, when the queue is given away)."""

@@ -25,10 +25,10 @@ Differences from RocketMQ, all deliberate:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any, ClassVar
-
-from sortedcontainers import SortedDict
 
 from protocol.message import MessageConst, MessageExt
 
@@ -47,6 +47,135 @@ def _parse_java_long(text: str | None) -> int | None:
 
 def _body_len(msg: MessageExt) -> int:
     return len(msg.body) if msg.body is not None else 0
+
+
+class _OffsetMap:
+    """offset -> message, kept in offset order; cheap for the common pattern (pulls append larger offsets,
+    consumption takes the smallest) and correct for any other order.
+
+    ``_keys[_head:]`` is exactly the sorted list of the dict's keys: the head index makes taking the smallest
+    O(1) (the list is compacted now and then), an append of a larger offset is O(1), anything else bisects.
+    """
+
+    __slots__ = ("_d", "_head", "_keys")
+
+    def __init__(self) -> None:
+        self._d: dict[int, MessageExt] = {}
+        self._keys: list[int] = []
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __bool__(self) -> bool:
+        return bool(self._d)
+
+    def __contains__(self, offset: object) -> bool:
+        return offset in self._d
+
+    def get(self, offset: int) -> MessageExt | None:
+        return self._d.get(offset)
+
+    def set(self, offset: int, msg: MessageExt) -> bool:
+        """Store ``msg`` at ``offset``; True when the offset was not there before."""
+        d = self._d
+        if offset in d:
+            d[offset] = msg
+            return False
+        d[offset] = msg
+        keys = self._keys
+        if len(d) == 1:
+            keys.clear()
+            self._head = 0
+            keys.append(offset)
+        elif offset > keys[-1]:
+            keys.append(offset)
+        else:
+            insort(keys, offset, self._head)
+        return True
+
+    def extend_ascending(self, offsets: list[int], msgs: Sequence[MessageExt]) -> bool:
+        """Add messages whose offsets are strictly ascending and all above the current last one, in one go;
+        False (nothing done) when they are not (the caller then adds them one by one)."""
+        if not offsets or (self._d and offsets[0] <= self._keys[-1]):
+            return False
+        if len(offsets) > 1 and (offsets[-1] - offsets[0] < len(offsets) - 1 or sorted(set(offsets)) != offsets):
+            return False
+        if not self._d:
+            self._keys.clear()
+            self._head = 0
+        self._d.update(zip(offsets, msgs, strict=True))
+        self._keys.extend(offsets)
+        return True
+
+    def take_first(self, n: int) -> list[MessageExt]:
+        """Remove and return the ``n`` (at most) smallest-offset messages, in offset order."""
+        keys = self._keys
+        head = self._head
+        taken = keys[head:head + n]
+        pop = self._d.pop
+        msgs = [pop(k) for k in taken]
+        self._head = head + len(taken)
+        if not self._d:
+            keys.clear()
+            self._head = 0
+        elif self._head >= 1024 and self._head * 2 >= len(keys):
+            del keys[: self._head]
+            self._head = 0
+        return msgs
+
+    def first(self) -> int:
+        return self._keys[self._head]
+
+    def last(self) -> int:
+        return self._keys[-1]
+
+    def _advance(self) -> None:
+        self._head += 1
+        if self._head >= 1024 and self._head * 2 >= len(self._keys):
+            del self._keys[: self._head]  # compact: the consumed prefix never outgrows the live keys
+            self._head = 0
+
+    def pop_first(self) -> tuple[int, MessageExt]:
+        offset = self._keys[self._head]
+        self._advance()
+        return offset, self._d.pop(offset)
+
+    def pop(self, offset: int) -> MessageExt | None:
+        msg = self._d.pop(offset, None)
+        if msg is None:
+            return None
+        keys = self._keys
+        if not self._d:
+            keys.clear()
+            self._head = 0
+        elif keys[self._head] == offset:
+            self._advance()
+        elif keys[-1] == offset:
+            keys.pop()
+        else:
+            del keys[bisect_left(keys, offset, self._head)]
+        return msg
+
+    def offsets(self) -> list[int]:
+        return self._keys[self._head:]
+
+    def values(self) -> list[MessageExt]:
+        d = self._d
+        return [d[k] for k in islice(self._keys, self._head, None)]
+
+    def items(self) -> Iterator[tuple[int, MessageExt]]:
+        d = self._d
+        return ((k, d[k]) for k in self._keys[self._head:])
+
+    def head_values(self, n: int) -> list[MessageExt]:
+        d = self._d
+        return [d[k] for k in islice(self._keys, self._head, self._head + n)]
+
+    def clear(self) -> None:
+        self._d.clear()
+        self._keys.clear()
+        self._head = 0
 
 
 class ProcessQueue:
@@ -82,8 +211,8 @@ class ProcessQueue:
         self.pull_max_idle_time_ms: int = (
             self.PULL_MAX_IDLE_TIME_MS if pull_max_idle_time_ms is None else pull_max_idle_time_ms
         )
-        self._msg_tree: SortedDict = SortedDict()  # offset -> MessageExt (msgTreeMap)
-        self._consuming: SortedDict = SortedDict()  # offset -> MessageExt (consumingMsgOrderlyTreeMap)
+        self._msg_tree = _OffsetMap()  # offset -> MessageExt (msgTreeMap)
+        self._consuming = _OffsetMap()  # offset -> MessageExt (consumingMsgOrderlyTreeMap)
         self._msg_count = 0
         self._msg_size = 0
         self._queue_offset_max = 0
@@ -128,8 +257,7 @@ class ProcessQueue:
         """Largest minus smallest cached offset (not counting the in-flight ones); 0 when empty."""
         if not self._msg_tree:
             return 0
-        span: int = self._msg_tree.peekitem(-1)[0] - self._msg_tree.peekitem(0)[0]
-        return span
+        return self._msg_tree.last() - self._msg_tree.first()
 
     def has_temp_message(self) -> bool:
         """True while messages wait to be consumed (in-flight orderly messages do not count)."""
@@ -149,11 +277,11 @@ class ProcessQueue:
 
     def first_offset(self) -> int | None:
         """Smallest cached offset (what a concurrent consumer may commit up to), None when empty."""
-        return self._msg_tree.peekitem(0)[0] if self._msg_tree else None
+        return self._msg_tree.first() if self._msg_tree else None
 
     def last_offset(self) -> int | None:
         """Largest cached offset, None when empty."""
-        return self._msg_tree.peekitem(-1)[0] if self._msg_tree else None
+        return self._msg_tree.last() if self._msg_tree else None
 
     def messages(self) -> list[MessageExt]:
         """The cached messages waiting to be consumed, in offset order (a copy)."""
@@ -178,16 +306,25 @@ class ProcessQueue:
         result is True (and ``consuming`` becomes True) when something is cached and nobody is consuming.
         The last message's MAX_OFFSET property updates ``msg_acc_cnt`` when it is ahead of that message.
         """
-        valid = 0
-        for msg in msgs:
-            offset = msg.queue_offset
-            is_new = offset not in self._msg_tree
-            self._msg_tree[offset] = msg
-            if is_new:
-                valid += 1
-                self._queue_offset_max = offset
-                self._msg_size += _body_len(msg)
-        self._msg_count += valid
+        tree = self._msg_tree
+        offsets = [m.queue_offset for m in msgs]
+        if tree.extend_ascending(offsets, msgs):
+            # the common case: a pull's messages follow what is cached, all new
+            self._queue_offset_max = offsets[-1]
+            self._msg_size += sum([len(m.body) if m.body is not None else 0 for m in msgs])
+            self._msg_count += len(msgs)
+        else:
+            valid = 0
+            size = 0
+            tree_set = tree.set
+            for msg in msgs:
+                offset = msg.queue_offset
+                if tree_set(offset, msg):
+                    valid += 1
+                    self._queue_offset_max = offset
+                    size += len(msg.body) if msg.body is not None else 0
+            self._msg_size += size
+            self._msg_count += valid
 
         dispatch = False
         if self._msg_tree and not self.consuming:
@@ -214,11 +351,11 @@ class ProcessQueue:
         if n < 0:
             raise ValueError(f"batch size must be >= 0, got {n}")
         self.last_consume_timestamp = now_ms
-        result: list[MessageExt] = []
-        while len(result) < n and self._msg_tree:
-            offset, msg = self._msg_tree.popitem(0)
-            self._consuming[offset] = msg
-            result.append(msg)
+        result = self._msg_tree.take_first(n) if n else []
+        if result and not self._consuming.extend_ascending([m.queue_offset for m in result], result):
+            consuming_set = self._consuming.set
+            for msg in result:
+                consuming_set(msg.queue_offset, msg)
         if not result:
             self.consuming = False
         return result
@@ -230,7 +367,7 @@ class ProcessQueue:
         """
         if not self._consuming:
             return -1
-        largest: int = self._consuming.peekitem(-1)[0]
+        largest = self._consuming.last()
         self._msg_count -= len(self._consuming)
         self._msg_size -= sum(_body_len(msg) for msg in self._consuming.values())
         self._consuming.clear()
@@ -239,7 +376,7 @@ class ProcessQueue:
     def rollback(self) -> None:
         """Orderly: put every in-flight message back to be consumed again (counts unchanged)."""
         for offset, msg in self._consuming.items():
-            self._msg_tree[offset] = msg
+            self._msg_tree.set(offset, msg)
         self._consuming.clear()
 
     def make_message_to_consume_again(self, msgs: Iterable[MessageExt]) -> None:
@@ -248,8 +385,8 @@ class ProcessQueue:
         As in RocketMQ, each message is (re)cached even if it was not in flight.
         """
         for msg in msgs:
-            self._consuming.pop(msg.queue_offset, None)
-            self._msg_tree[msg.queue_offset] = msg
+            self._consuming.pop(msg.queue_offset)
+            self._msg_tree.set(msg.queue_offset, msg)
 
     def remove_message(self, msgs: Iterable[MessageExt], now_ms: int) -> int:
         """Concurrently: drop consumed messages; return the offset that is safe to commit.
@@ -264,12 +401,12 @@ class ProcessQueue:
         result = self._queue_offset_max + 1
         removed = 0
         for msg in msgs:
-            if self._msg_tree.pop(msg.queue_offset, None) is not None:
+            if self._msg_tree.pop(msg.queue_offset) is not None:
                 removed += 1
                 self._msg_size -= _body_len(msg)
         self._msg_count -= removed
         if self._msg_tree:
-            result = self._msg_tree.peekitem(0)[0]
+            result = self._msg_tree.first()
         return result
 
     def clean_expired_msg(
@@ -289,7 +426,7 @@ class ProcessQueue:
             return []
         timeout_ms = consume_timeout_minutes * 60 * 1000
         expired: list[MessageExt] = []
-        for msg in self._msg_tree.values()[: self.CLEAN_EXPIRED_MAX_ITERATIONS]:
+        for msg in self._msg_tree.head_values(self.CLEAN_EXPIRED_MAX_ITERATIONS):
             start = _parse_java_long(msg.properties.get(MessageConst.CONSUME_START_TIME))
             if start is None or now_ms - start <= timeout_ms:
                 break
@@ -301,7 +438,7 @@ class ProcessQueue:
 
         Returns whether it was removed. This is cleanExpiredMsg's check after the send-back.
         """
-        if not self._msg_tree or self._msg_tree.peekitem(0)[0] != msg.queue_offset:
+        if not self._msg_tree or self._msg_tree.first() != msg.queue_offset:
             return False
         self.remove_message([msg], now_ms)
         return True
@@ -327,12 +464,12 @@ class ProcessQueue:
         cached = bool(self._msg_tree)
         in_flight = bool(self._consuming)
         return {
-            "cached_msg_min_offset": self._msg_tree.peekitem(0)[0] if cached else 0,
-            "cached_msg_max_offset": self._msg_tree.peekitem(-1)[0] if cached else 0,
+            "cached_msg_min_offset": self._msg_tree.first() if cached else 0,
+            "cached_msg_max_offset": self._msg_tree.last() if cached else 0,
             "cached_msg_count": len(self._msg_tree),
             "cached_msg_size_in_mib": self._msg_size // _MIB if cached else 0,
-            "transaction_msg_min_offset": self._consuming.peekitem(0)[0] if in_flight else 0,
-            "transaction_msg_max_offset": self._consuming.peekitem(-1)[0] if in_flight else 0,
+            "transaction_msg_min_offset": self._consuming.first() if in_flight else 0,
+            "transaction_msg_max_offset": self._consuming.last() if in_flight else 0,
             "transaction_msg_count": len(self._consuming),
             "locked": self.locked,
             "try_unlock_times": self.try_unlock_times,

@@ -116,20 +116,42 @@ class UniqIdGenerator:
         if now_ms >= self._next_month_ms or now_ms < self._month_start_ms:
             self._roll_month(now_ms)
         self._counter = (self._counter + 1) & 0xFFFF
-        tail = struct.pack(">IH", (now_ms - self._month_start_ms) & 0xFFFFFFFF, self._counter)
-        return self._prefix + tail.hex().upper()
+        return f"{self._prefix}{(now_ms - self._month_start_ms) & 0xFFFFFFFF:08X}{self._counter:04X}"
+
+    def next_ids(self, n: int, now_ms: int | None = None) -> list[str]:
+        """``n`` ids at once (one clock read): what a batch send needs."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        if now_ms >= self._next_month_ms or now_ms < self._month_start_ms:
+            self._roll_month(now_ms)
+        head = f"{self._prefix}{(now_ms - self._month_start_ms) & 0xFFFFFFFF:08X}"
+        c = self._counter
+        self._counter = (c + n) & 0xFFFF
+        return [f"{head}{(c + i) & 0xFFFF:04X}" for i in range(1, n + 1)]
 
 
 def validate_message(msg: Any, max_message_size: int) -> None:
     """RocketMQ's Validators.checkMessage plus property checks; raises an InvalidMessageError subclass."""
     if not isinstance(msg, Message):
         raise InvalidMessageError(f"expected a protocol.message.Message, got {type(msg).__name__}")
+    _check_topic_for_send(msg.topic)
+    _validated_properties(msg, max_message_size)
+
+
+def _check_topic_for_send(topic: Any) -> None:
     try:
-        check_topic(msg.topic)
+        check_topic(topic)
     except InvalidNameError as exc:
         raise InvalidTopicError(str(exc)) from None
-    if msg.topic in FORBIDDEN_TOPICS:
-        raise ForbiddenTopicError(f"sending messages to topic {msg.topic!r} is forbidden (system topic)")
+    if topic in FORBIDDEN_TOPICS:
+        raise ForbiddenTopicError(f"sending messages to topic {topic!r} is forbidden (system topic)")
+
+
+def _validated_properties(msg: Message, max_message_size: int) -> dict[str, str]:
+    """validate_message's checks past the topic; returns ``msg.all_properties()`` (checked)."""
+    body = msg.body
+    if (type(body) is bytes and 0 < len(body) <= max_message_size and type(msg.delay_time_level) is int
+            and msg.delay_time_level == 0 and not msg.properties and not msg.tags and not msg.keys):
+        return {}  # the plain case: a non-empty bytes body and no property at all
     if msg.body is None:
         raise EmptyBodyError(f"the message body is missing (topic {msg.topic!r})")
     if not isinstance(msg.body, bytes | bytearray | memoryview):
@@ -146,6 +168,8 @@ def validate_message(msg: Any, max_message_size: int) -> None:
     if msg.delay_time_level < 0:
         raise InvalidMessageError(f"delay_time_level must be >= 0 (0 = no delay), got {msg.delay_time_level}")
     props = msg.all_properties()
+    if not props:
+        return props
     for k, v in props.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidMessageError(f"property {k!r} = {v!r}: names and values must be strings")
@@ -156,6 +180,7 @@ def validate_message(msg: Any, max_message_size: int) -> None:
     encoded = len(encode_properties(props).encode("utf-8"))
     if encoded > MAX_PROPERTIES_BYTES - 64:  # leave room for UNIQ_KEY and friends
         raise InvalidMessageError(f"the message properties take {encoded} bytes; the limit is {MAX_PROPERTIES_BYTES}")
+    return props
 
 
 class Producer:
@@ -254,28 +279,96 @@ class Producer:
         the unique keys joined by commas; ``queue_offset`` is the offset of the first message.
         """
         client = self._client()
+        msgs, entries, ids = self._prepare_batch(msgs)
+        timeout = self.config.send_msg_timeout if timeout_ms is None else timeout_ms
+        if message_queue is not None:
+            return await self._send_batch_kernel(client, entries, ids, message_queue, timeout)
+        return await self._send_with_retries(
+            client, msgs[0].topic, lambda mq, t: self._send_batch_kernel(client, entries, ids, mq, t), timeout
+        )
+
+    async def send_batches(
+        self,
+        batches: Sequence[tuple[Sequence[Message], MessageQueue]],
+        timeout_ms: int | None = None,
+    ) -> list[SendResult]:
+        """Send several batches, each to its queue, pipelined: every request goes out at once (per broker, in
+        one write) and the call returns when all are answered, results in the order given.
+
+        Each batch is checked as :meth:`send_batch` checks it, before anything is sent. Batches to one queue
+        are stored in the order given. Nothing is retried elsewhere (the queues are chosen by the caller). If a
+        batch fails, the others still complete, then the first failure is raised (MQBrokerError for an error
+        answer, RemotingError when no answer came) — so a caller that keeps per-key order must treat the whole
+        call as failed. Use it to send one window of an ordered stream split by queue in one round trip.
+        """
+        client = self._client()
+        timeout = self.config.send_msg_timeout if timeout_ms is None else timeout_ms
+        prepared = []
+        for msgs, mq in batches:
+            _, entries, ids = self._prepare_batch(msgs)
+            if mq.topic != msgs[0].topic:
+                raise MQClientError(f"message queue {mq} is not a queue of topic {msgs[0].topic!r}")
+            prepared.append((mq, entries, ids))
+        by_addr: dict[str, list[int]] = {}
+        for i, (mq, _, _) in enumerate(prepared):
+            by_addr.setdefault(await self._broker_addr(client, mq), []).append(i)
+        results: list[SendResult | Exception | None] = [None] * len(prepared)
+        born = int(time.time() * 1000)
+
+        async def one_broker(addr: str, idx: list[int]) -> None:
+            brokers = {prepared[i][0].broker_name for i in idx}
+            name = next(iter(brokers)) if len(brokers) == 1 else ""
+            got = await client.api.send_batches(
+                addr, name, [(prepared[i][0].topic, prepared[i][0].queue_id, prepared[i][1], prepared[i][2])
+                             for i in idx],
+                producer_group=self.config.producer_group, born_timestamp=born, timeout_ms=timeout)
+            for i, r in zip(idx, got, strict=True):
+                if isinstance(r, SendResult) and r.message_queue.broker_name != prepared[i][0].broker_name:
+                    r = SendResult(r.status, r.msg_id, prepared[i][0], r.queue_offset, r.offset_msg_id)
+                results[i] = r
+
+        if len(by_addr) == 1:
+            ((addr, idx),) = by_addr.items()
+            await one_broker(addr, idx)
+        else:
+            async with trio.open_nursery() as nursery:
+                for addr, idx in by_addr.items():
+                    nursery.start_soon(one_broker, addr, idx)
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        return [r for r in results if isinstance(r, SendResult)]
+
+    def _prepare_batch(self, msgs: Sequence[Message]) -> tuple[list[Message], list[dict[str, Any]], list[str]]:
+        """send_batch's checks, then the wire entries and unique ids of the batch."""
         msgs = list(msgs)
         if not msgs:
             raise InvalidMessageError("a batch needs at least one message")
-        topic = msgs[0].topic if isinstance(msgs[0], Message) else ""
+        first = msgs[0]
+        if not isinstance(first, Message):
+            raise InvalidMessageError(f"expected a protocol.message.Message, got {type(first).__name__}")
+        topic = first.topic
+        _check_topic_for_send(topic)  # one topic per batch: checked once
+        if is_retry_topic(topic):
+            raise InvalidMessageError("retry topics are not supported in batches")
+        max_size = self.config.max_message_size
         total = 0
+        props_list: list[dict[str, str]] = []
         for m in msgs:
-            validate_message(m, self.config.max_message_size)
+            if type(m) is not Message and not isinstance(m, Message):
+                raise InvalidMessageError(f"expected a protocol.message.Message, got {type(m).__name__}")
+            if m.topic != topic:
+                _check_topic_for_send(m.topic)
+            props_list.append(_validated_properties(m, max_size))
             if m.topic != topic:
                 raise InvalidMessageError(f"all messages of a batch must have one topic: {topic!r} and {m.topic!r}")
             if m.delay_time_level > 0:
                 raise InvalidMessageError("delay levels are not supported in batches")
-            if is_retry_topic(m.topic):
-                raise InvalidMessageError("retry topics are not supported in batches")
             total += len(m.body)
-        if total > self.config.max_message_size:
-            raise MessageTooLargeError(total, self.config.max_message_size)
-        timeout = self.config.send_msg_timeout if timeout_ms is None else timeout_ms
-        if message_queue is not None:
-            return await self._send_batch_kernel(client, msgs, message_queue, timeout)
-        return await self._send_with_retries(
-            client, topic, lambda mq, t: self._send_batch_kernel(client, msgs, mq, t), timeout
-        )
+        if total > max_size:
+            raise MessageTooLargeError(total, max_size)
+        entries, ids = self._batch_entries(msgs, props_list)
+        return msgs, entries, ids
 
     async def message_queues(self, topic: str) -> list[MessageQueue]:
         """The writable queues of ``topic`` (what a selector chooses from)."""
@@ -383,19 +476,31 @@ class Producer:
             timeout_ms=timeout,
         )
 
-    async def _send_batch_kernel(
-        self, client: ClientInstance, msgs: list[Message], mq: MessageQueue, timeout: int
-    ) -> SendResult:
-        addr = await self._broker_addr(client, mq)
+    def _batch_entries(self, msgs: list[Message], props_list: list[dict[str, str]]
+                       ) -> tuple[list[dict[str, Any]], list[str]]:
+        """The wire entries of a batch (UNIQ_KEY added where missing, properties encoded once) and the ids."""
         assert self._uniq is not None
+        fresh = iter(self._uniq.next_ids(len(msgs)))
+        key = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
         entries: list[dict[str, Any]] = []
         ids: list[str] = []
-        for m in msgs:
-            props = m.all_properties()
-            uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or self._uniq.next_id()
-            props[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq
+        for m, props in zip(msgs, props_list, strict=True):
+            body = m.body if type(m.body) is bytes else bytes(m.body)
+            if not props:  # the common case: only the unique key
+                uniq = next(fresh)
+                encoded = f"{key}\x01{uniq}\x02"
+            else:
+                uniq = props.get(key) or next(fresh)
+                props[key] = uniq
+                encoded = encode_properties(props)
             ids.append(uniq)
-            entries.append({"body": bytes(m.body), "properties": encode_properties(props), "flag": m.flag})
+            entries.append({"body": body, "properties": encoded, "flag": m.flag})
+        return entries, ids
+
+    async def _send_batch_kernel(
+        self, client: ClientInstance, entries: list[dict[str, Any]], ids: list[str], mq: MessageQueue, timeout: int
+    ) -> SendResult:
+        addr = await self._broker_addr(client, mq)
         return await client.api.send_batch(
             addr,
             mq.broker_name,

@@ -105,6 +105,7 @@ class PullService:
         self._rate = RateLimiter(10_000)
         self.stats: dict[str, int] = {"pulls": 0, "found": 0, "messages": 0, "no_new": 0, "errors": 0,
                                       "flow_control": 0, "filtered_out": 0, "offset_illegal": 0}
+        self._answered = 0
         self.on_pull_rt: Callable[[MessageQueue, float], None] | None = None
         """Told the duration (s) of every answered PULL_MESSAGE (the push consumer's metrics)."""
 
@@ -145,12 +146,14 @@ class PullService:
             with scope:
                 delay: float | None = 0.0
                 while not pq.dropped:
+                    answered = self._answered
                     delay = await self.pull_once(request)
                     if delay is None:
                         break
                     if delay > 0:
                         await trio.sleep(delay)
-                    else:
+                    elif self._answered == answered:
+                        # no answer came (so perhaps no wait at all): let the others run before trying again
                         await trio.lowlevel.checkpoint()
         finally:
             if self._scopes.get(id(pq)) is scope:
@@ -234,6 +237,7 @@ class PullService:
             log_rate_limited(self._rate, ("pull_error", mq), self.clock(), log.warning, "pull.failed",
                              group=self.consumer_group, mq=str(mq), offset=request.next_offset, error=str(exc))
             return self._later(cfg.pull_time_delay_mills_when_exception)
+        self._answered += 1  # a response arrived: this task waited for it, no extra checkpoint is needed
         if self.on_pull_rt is not None:
             self.on_pull_rt(mq, trio.current_time() - started)
 

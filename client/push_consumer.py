@@ -372,16 +372,17 @@ class PushConsumer:
             return {}
         return {mq: pq for mq, pq in self.core.rebalance.process_queue_table.items() if not pq.dropped}
 
-    async def skip_message(self, mq: MessageQueue, offset: int) -> dict[str, Any]:
+    async def skip_message(self, mq: MessageQueue, offset: int, skipped_by: str = "api") -> dict[str, Any]:
         """Dead-letter the message at ``offset`` of ``mq`` (it must be cached here, typically the one an orderly
-        queue is blocked on) and move on. Returns what was skipped; raises MQClientError saying why not."""
+        queue is blocked on) and move on. The dead letter carries ``TRIMQ_SKIPPED_BY=<skipped_by>`` so it can be
+        told from one that ran out of retries. Returns what was skipped; raises MQClientError saying why not."""
         core, service = self._running_parts()
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise MQClientError(f"offset must be a non-negative integer, got {offset!r}")
         pq = core.rebalance.process_queue_table.get(mq)
         if pq is None or pq.dropped:
             raise MQClientError(f"queue {mq} is not held by this consumer ({self.client_id})")
-        result = await service.skip_message(mq, pq, offset)
+        result = await service.skip_message(mq, pq, offset, skipped_by)
         return {"consumerGroup": self.group_name, "clientId": self.client_id, "mq": mq.to_wire(), **result}
 
     async def consume_message_directly(self, msg: MessageExt, broker_name: str) -> ConsumeMessageDirectlyResult:
@@ -507,7 +508,7 @@ async def _on_skip_message(instance: ClientInstance, cmd: RemotingCommand, addr:
     except (ValueError, LookupError) as exc:
         return RemotingCommand.response_to(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
     try:
-        result = await consumer.skip_message(mq, offset)
+        result = await consumer.skip_message(mq, offset, skipped_by=f"admin via {addr}")
     except MQClientError as exc:
         return RemotingCommand.response_to(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
     log.info("push_consumer.skip_requested", group=consumer.group_name, mq=str(mq), offset=offset, by=addr)

@@ -19,7 +19,7 @@ import trio
 from client.tls import sign_request
 from protocol.address import parse_address
 from protocol.codes import ResponseCode, code_name
-from protocol.command import RemotingCommand
+from protocol.command import FLAG_RESPONSE, RemotingCommand
 from protocol.errors import ProtocolError
 from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from protocol.logs import get_logger
@@ -45,6 +45,47 @@ class RemotingClosedError(RemotingError):
     """The client was closed."""
 
 
+class _Pending:
+    """Where the response to one request lands: a one-shot slot the requesting task parks on (cheaper than
+    a memory channel per request)."""
+
+    __slots__ = ("_task", "closed", "response")
+
+    def __init__(self) -> None:
+        self._task: trio.lowlevel.Task | None = None
+        self.response: RemotingCommand | None = None
+        self.closed = False
+
+    def send_nowait(self, cmd: RemotingCommand) -> None:
+        if self.response is None and not self.closed:
+            self.response = cmd
+            self._wake()
+
+    def close(self) -> None:
+        if self.response is None:
+            self.closed = True
+            self._wake()
+
+    def _wake(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> RemotingCommand | None:
+        """The response, or None when the connection closed first. A checkpoint (cancellable)."""
+        if self.response is None and not self.closed:
+            self._task = trio.lowlevel.current_task()
+
+            def abort(_: object) -> trio.lowlevel.Abort:
+                self._task = None
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        else:
+            await trio.lowlevel.checkpoint()
+        return self.response
+
+
 class _Channel:
     """One connection to one address."""
 
@@ -52,7 +93,7 @@ class _Channel:
         self.client = client
         self.addr = addr
         self.stream = stream
-        self.pending: dict[int, trio.MemorySendChannel[RemotingCommand]] = {}
+        self.pending: dict[int, _Pending] = {}
         self.closed = False
         self.cancel_scope = trio.CancelScope()
         self._out: list[bytes] = []
@@ -111,11 +152,12 @@ class _Channel:
             except ProtocolError as exc:
                 log.warning("connection.protocol_error", addr=self.addr, error=str(exc))
                 return
+            pending = self.pending
             for cmd in cmds:
-                if cmd.is_response:
-                    ch = self.pending.pop(cmd.opaque, None)
-                    if ch is not None:
-                        ch.send_nowait(cmd)
+                if cmd.flag & FLAG_RESPONSE:
+                    waiter = pending.pop(cmd.opaque, None)
+                    if waiter is not None:
+                        waiter.send_nowait(cmd)
                 else:
                     handlers.start_soon(self._serve_request, cmd)
 
@@ -235,28 +277,71 @@ class RemotingClient:
         The response may carry any response code; checking it is the caller's business.
         """
         timeout = self.default_timeout_s if timeout_s is None else timeout_s
-        ch = await self._channel(addr)
+        ch = self._channels.get(addr)
+        if ch is None or ch.closed or self._closed:
+            ch = await self._channel(addr)
         opaque = next(self._opaques)
         cmd.opaque = opaque
-        send, recv = trio.open_memory_channel[RemotingCommand](1)
-        ch.pending[opaque] = send
+        waiter = _Pending()
+        ch.pending[opaque] = waiter
         try:
             if self.credentials is not None:
                 sign_request(cmd, *self.credentials)  # ACL: docs/SECURITY.md
             ch.send_frame(encode_frame(cmd, self.max_frame_bytes))
             with trio.move_on_after(timeout) as scope:
-                try:
-                    return await recv.receive()
-                except trio.EndOfChannel:
+                resp = await waiter.wait()
+                if resp is None:
                     raise RemotingConnectError(
                         f"connection to {addr} closed while waiting for {code_name(cmd.code, response=False)}"
-                    ) from None
+                    )
+                return resp
             assert scope.cancelled_caught
             raise RemotingTimeoutError(
                 f"{code_name(cmd.code, response=False)} to {addr} got no response within {timeout}s"
             )
         finally:
             ch.pending.pop(opaque, None)
+
+    async def invoke_many(self, addr: str, cmds: list[RemotingCommand], timeout_s: float | None = None
+                          ) -> list[RemotingCommand | RemotingError]:
+        """Pipeline requests to one address: all frames go out in one write, then every response is awaited
+        (one timeout for the lot). Returns, in request order, each response or the RemotingError of a request
+        that got none (timeout, connection lost); raises RemotingConnectError when the connection cannot be
+        made at all."""
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        ch = self._channels.get(addr)
+        if ch is None or ch.closed or self._closed:
+            ch = await self._channel(addr)
+        waiters: list[tuple[int, _Pending]] = []
+        frames = []
+        try:
+            for cmd in cmds:
+                opaque = next(self._opaques)
+                cmd.opaque = opaque
+                waiter = _Pending()
+                ch.pending[opaque] = waiter
+                waiters.append((opaque, waiter))
+                if self.credentials is not None:
+                    sign_request(cmd, *self.credentials)  # ACL: docs/SECURITY.md
+                frames.append(encode_frame(cmd, self.max_frame_bytes))
+            ch.send_frame(b"".join(frames))
+            with trio.move_on_after(timeout):
+                for _, waiter in waiters:
+                    if waiter.response is None and not waiter.closed:
+                        await waiter.wait()
+            out: list[RemotingCommand | RemotingError] = []
+            for cmd, (_, waiter) in zip(cmds, waiters, strict=True):
+                what = code_name(cmd.code, response=False)
+                if waiter.response is not None:
+                    out.append(waiter.response)
+                elif waiter.closed:
+                    out.append(RemotingConnectError(f"connection to {addr} closed while waiting for {what}"))
+                else:
+                    out.append(RemotingTimeoutError(f"{what} to {addr} got no response within {timeout}s"))
+            return out
+        finally:
+            for opaque, _ in waiters:
+                ch.pending.pop(opaque, None)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         """Send a request that expects no response."""

@@ -46,8 +46,29 @@ def _int_field(m: dict[Any, Any], key: str, default: int | None) -> int:
     return value
 
 
+_is_str = str.__instancecheck__
+
+
 def command_from_map(m: Any) -> RemotingCommand:
     """Validate a decoded msgpack value and build the command it describes."""
+    if type(m) is dict:
+        # the well-formed case in a few checks; anything else goes the long way for its precise error
+        get = m.get
+        code = get("code")
+        opaque = get("opaque")
+        flag = get("flag", 0)
+        version = get("version", 0)
+        remark = get("remark")
+        ext = get("ext")
+        if ext is None:
+            ext = {}
+        if (type(code) is int and type(opaque) is int and type(flag) is int and type(version) is int
+                and (remark is None or type(remark) is str) and type(ext) is dict and all(map(_is_str, ext))):
+            return RemotingCommand(code, opaque, flag, version, remark, ext, get("body"))
+    return _command_from_map_checked(m)
+
+
+def _command_from_map_checked(m: Any) -> RemotingCommand:
     if not isinstance(m, dict):
         raise NotAMapError(f"frame payload must be a msgpack map, got {type(m).__name__}")
     code = _int_field(m, "code", None)

@@ -98,10 +98,14 @@ def encode_record(
 ) -> bytes:
     """Encode one record. The host-v6 sys-flag bits are set from the host addresses.
 
-    Raises RecordError for a topic over 127 bytes or properties over 32767 bytes (RocketMQ's limits).
+    Raises RecordError for a topic over 127 bytes or properties over 32767 bytes (RocketMQ's limits), and for
+    text that has no UTF-8 form (a lone surrogate).
     """
-    topic_b = topic.encode()
-    props_b = properties.encode()
+    try:
+        topic_b = topic.encode()
+        props_b = properties.encode()
+    except UnicodeEncodeError as exc:
+        raise RecordError(f"topic or properties are not valid text: {exc}") from None
     if len(topic_b) > 127:
         raise RecordError(f"topic is {len(topic_b)} bytes; a record holds at most 127")
     if len(props_b) > MAX_PROPERTIES_BYTES:
@@ -246,3 +250,126 @@ def iter_records(buf: bytes | bytearray | memoryview, *, check_crc: bool = True)
         msg = decode_record(buf, pos, check_crc=check_crc)
         pos += msg.store_size
         yield msg
+
+
+# Fields 1-14 plus the body length of a record whose two hosts are IPv4 (the common case): one unpack.
+_V4_MIDDLE = struct.Struct(">iIiiiqqiq8sq8siqi")
+_V4_BODY_POS = _V4_MIDDLE.size  # 88
+
+
+class RecordDecoder:
+    """Decodes the records of pull responses into MessageExt, equal to ``decode_record``'s, at a fraction
+    of the cost: one struct unpack per IPv4 record, and the host addresses, topics and message-id prefixes
+    (which repeat from record to record) converted once and cached. Anything unusual (IPv6 hosts, a bad
+    length) goes through ``decode_record``, so errors are the same RecordError.
+
+    One decoder per consumer process is enough; the caches are bounded.
+    """
+
+    __slots__ = ("_hosts", "_id_prefix", "_topics")
+
+    _MAX_CACHED = 4096
+
+    def __init__(self) -> None:
+        self._hosts: dict[bytes, Host] = {}
+        self._topics: dict[bytes, str] = {}
+        self._id_prefix: dict[bytes, str] = {}
+
+    def _host(self, raw: bytes) -> Host:
+        host = self._hosts.get(raw)
+        if host is None:
+            host = (socket.inet_ntop(socket.AF_INET, raw[:4]), _I32.unpack_from(raw, 4)[0])
+            if len(self._hosts) >= self._MAX_CACHED:
+                self._hosts.clear()
+            self._hosts[raw] = host
+        return host
+
+    def _prefix(self, store_raw: bytes) -> str:
+        prefix = self._id_prefix.get(store_raw)
+        if prefix is None:
+            prefix = store_raw.hex().upper()
+            if len(self._id_prefix) >= self._MAX_CACHED:
+                self._id_prefix.clear()
+            self._id_prefix[store_raw] = prefix
+        return prefix
+
+    def decode_all(self, buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> list[MessageExt]:
+        """Every record filling ``buf``, in order. Raises RecordError on garbage (as ``iter_records``)."""
+        if not isinstance(buf, bytes):
+            buf = bytes(buf)
+        out: list[MessageExt] = []
+        append = out.append
+        n = len(buf)
+        pos = 0
+        unpack = _V4_MIDDLE.unpack_from
+        v6_bits = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+        topics = self._topics
+        crc32 = zlib.crc32
+        hosts = self._hosts
+        host = self._host
+        prefixes = self._id_prefix
+        prefix = self._prefix
+        last_tb, last_tlen, last_topic = b"", -1, ""
+        while pos < n:
+            if n - pos < 91:
+                append(decode_record(buf, pos, check_crc=check_crc))  # raises the precise error
+                pos += out[-1].store_size
+                continue
+            (size, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_raw, store_ts,
+             store_raw, reconsume, prepared, body_len) = unpack(buf, pos)
+            end = pos + size
+            p = pos + _V4_BODY_POS
+            if (magic != MESSAGE_MAGIC_CODE or sys_flag & v6_bits or size < 91 or end > n or body_len < 0
+                    or p + body_len + 3 > end):
+                msg = decode_record(buf, pos, check_crc=check_crc)  # IPv6 hosts, or the precise error
+                append(msg)
+                pos += msg.store_size
+                continue
+            body = buf[p:p + body_len]
+            if check_crc and crc32(body) & 0x7FFFFFFF != crc:
+                raise RecordError(f"record at {pos}: body CRC {body_crc32(body)} does not match stored {crc}")
+            p += body_len
+            topic_len = buf[p]
+            tstart = p + 1
+            p = tstart + topic_len
+            if p + 2 > end:
+                raise RecordError(f"record at {pos}: topic overruns the record")
+            props_len = (buf[p] << 8) | buf[p + 1]
+            if props_len & 0x8000 or p + 2 + props_len != end:
+                decode_record(buf, pos, check_crc=check_crc)  # raises the precise error
+                raise RecordError(f"record at {pos}: field lengths do not add up")  # pragma: no cover
+            props: dict[str, str] = {}
+            try:
+                if topic_len == last_tlen and buf.startswith(last_tb, tstart):
+                    topic = last_topic  # the same topic as the record before: the common case
+                else:
+                    tb = buf[tstart:p]
+                    cached = topics.get(tb)
+                    if cached is None:
+                        cached = tb.decode()
+                        if len(topics) >= self._MAX_CACHED:
+                            topics.clear()
+                        topics[tb] = cached
+                    topic = cached
+                    last_tb, last_tlen, last_topic = tb, topic_len, topic
+                if props_len:
+                    for item in buf[p + 2:end].decode().split("\x02"):  # decode_properties, inlined
+                        name, sep, value = item.partition("\x01")
+                        if sep:
+                            props[name] = value
+            except UnicodeDecodeError as exc:
+                raise RecordError(f"record at {pos}: {exc}") from None
+            append(MessageExt(topic, body, flag, props, queue_id, queue_offset, phys, sys_flag, born_ts,
+                              hosts.get(born_raw) or host(born_raw), store_ts, hosts.get(store_raw) or host(store_raw),
+                              reconsume, prepared, crc, size,
+                              f"{prefixes.get(store_raw) or prefix(store_raw)}{phys & 0xFFFFFFFFFFFFFFFF:016X}"))
+            pos = end
+        return out
+
+
+def decode_records(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> list[MessageExt]:
+    """Every record filling ``buf`` (a pull response body), as ``list(iter_records(buf))`` but faster.
+
+    Raises RecordError on garbage. Keep a :class:`RecordDecoder` to reuse its caches across calls.
+    """
+    return RecordDecoder().decode_all(buf, check_crc=check_crc)

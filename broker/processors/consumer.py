@@ -147,7 +147,7 @@ class CoordinationService:
             (RequestCode.GET_LOCK_TABLE, self.get_lock_table),
             (RequestCode.GET_SUBSCRIPTION_CONSISTENCY, self.get_subscription_consistency),
         ):
-            server.register(code, handler)
+            server.register(code, handler, inline=True)  # none of them waits: no task per request
         server.on_connection_closed(self._on_connection_closed)
 
     # ------------------------------------------------------------------ lifecycle
@@ -317,7 +317,7 @@ class CoordinationService:
     # ------------------------------------------------------------------ locks
 
     async def lock_batch_mq(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        """LOCK_BATCH_MQ (41): lock what can be locked; body ``{"lockOKMQSet": [mq]}``."""
+        """LOCK_BATCH_MQ (41): lock what can be locked; body ``{"lockOKMQSet": [mq], "keptMQSet": [mq]}``."""
         group, client_id, mqs = _lock_body("LOCK_BATCH_MQ", cmd.body)
         self.consumer_manager.mark_orderly(group)
         result = self.lock_manager.try_lock_batch_detailed(group, mqs, client_id)
@@ -328,7 +328,10 @@ class CoordinationService:
         if result.refused:
             log.debug("lock.refused", group=group, client_id=client_id,
                       held={str(mq): owner for mq, owner in result.refused.items()})
-        return RemotingCommand.response_to(cmd, body={"lockOKMQSet": [mq.to_wire() for mq in sorted(result.locked)]})
+        # keptMQSet (trimq): the locked queues nobody else held since this client's previous lock; a client
+        # re-locking any other queue must not trust what it cached of it (client/rebalance/impl.py).
+        return RemotingCommand.response_to(cmd, body={"lockOKMQSet": [mq.to_wire() for mq in sorted(result.locked)],
+                                                      "keptMQSet": [mq.to_wire() for mq in sorted(result.kept)]})
 
     async def unlock_batch_mq(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """UNLOCK_BATCH_MQ (42): release the caller's locks among ``mqSet``; SUCCESS."""
@@ -370,8 +373,8 @@ class CoordinationService:
         if not om.commit_offset(group, topic, qid, offset, client_id, source="update"):
             raise RequestError(
                 ResponseCode.NO_PERMISSION,
-                f"offset update refused (fenced): {topic} queue {qid} of group {group} is locked by {owner}, "
-                f"not by {client_id}",
+                f"offset update refused (fenced): {topic} queue {qid} of group {group} is locked by {owner} "
+                f"(or was last), not by {client_id}",
             )
         return RemotingCommand.response_to(cmd)
 

@@ -26,6 +26,9 @@ RocketMQ's ``brokerAllowSuspend``) through ``broker.components["offset_manager"]
 from __future__ import annotations
 
 import functools
+import heapq
+import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +36,7 @@ import trio
 
 from broker.long_polling import LongPolling
 from broker.processors.send import int_field, str_field
-from broker.server import RequestError
+from broker.server import DEFERRED, Deferred, RequestError
 from broker.store.consume_queue import tags_string_to_tags_code
 from broker.store.message_store import GetMessageResult, GetMessageStatus, MessageStore
 from broker.store.topics import TopicConfigManager
@@ -104,22 +107,75 @@ class PullService:
         broker.components["long_polling"] = self.long_polling
         #: (topic, group) -> [messages, record bytes] returned by pulls, read by broker/metrics.py at scrape time.
         self.get_stats: dict[tuple[str, str], list[int]] = {}
-        broker.server.register(RequestCode.PULL_MESSAGE, self.pull_message)
+        # A pull is answered in the connection's reading task when it finds messages (or must not wait), and held
+        # without a task when it must wait (long polling): the arrival of a message answers it from the
+        # sender's append, the expiry loop below answers it on timeout. Only past the per-connection bound of
+        # held pulls, or with an authorizer, does a pull get a task of its own (pull_message).
+        broker.server.register(RequestCode.PULL_MESSAGE, self.pull_message, fast_path=self.pull_message_fast)
+        self._deadlines: list[tuple[float, int, _HeldPull]] = []  # heap; answered entries are skipped
+        self._seq = 0
+        self._expiry_wakeup = trio.Event()
+        self._next_expiry = math.inf
 
     async def start(self) -> None:
         pass
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        # Held pulls must be answered as soon as the broker starts draining, not after their timeout.
-        await self.broker.server.wait_shutdown()
-        self.long_polling.shutdown()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._expiry_loop)
+            task_status.started()
+            # Held pulls must be answered as soon as the broker starts draining, not after their timeout.
+            await self.broker.server.wait_shutdown()
+            self.long_polling.shutdown()
+            nursery.cancel_scope.cancel()
+
+    async def _expiry_loop(self) -> None:
+        """Answer held pulls whose time is up (PULL_NOT_FOUND), sleeping until the earliest deadline."""
+        heap = self._deadlines
+        while True:
+            now = trio.current_time()
+            while heap and (heap[0][2].done or heap[0][0] <= now):
+                _, _, held = heapq.heappop(heap)
+                if not held.done:
+                    self.long_polling.release(held.topic, held.queue_id, held)
+                    held.expire()
+            if len(heap) > 1024 and len(heap) > 4 * self.long_polling.held:
+                # answered entries linger until their deadline: drop them when they dominate
+                self._deadlines = heap = [e for e in heap if not e[2].done]
+                heapq.heapify(heap)
+            self._next_expiry = heap[0][0] if heap else math.inf
+            self._expiry_wakeup = trio.Event()
+            with trio.move_on_at(self._next_expiry):
+                await self._expiry_wakeup.wait()
+
+    def _hold_fast(self, cmd: RemotingCommand, conn: Connection, group: str, topic: str, queue_id: int,
+                   max_nums: int, tag_codes: frozenset[int] | None, result: GetMessageResult) -> bool:
+        """Hold a pull without a task (see __init__); False when it must take the task path instead."""
+        if self.long_polling.closed or conn.deferred >= self.broker.server.max_inflight_requests:
+            return False
+        if self.config.long_polling_enable:
+            hold_ms = min(max(0, int_field(cmd.ext, "suspendTimeoutMillis", 15_000)), self.config.suspend_timeout_ms)
+        else:
+            hold_ms = self.config.short_polling_time_ms
+        deadline = trio.current_time() + hold_ms / 1000
+        held = _HeldPull(self, cmd, conn, group, topic, queue_id, result.next_begin_offset, max_nums, tag_codes,
+                         deadline, result)
+        conn.defer()
+        self.long_polling.hold(topic, queue_id, held)
+        self._seq += 1
+        heapq.heappush(self._deadlines, (deadline, self._seq, held))
+        if deadline < self._next_expiry:
+            self._next_expiry = deadline
+            self._expiry_wakeup.set()
+        return True
 
     async def stop(self) -> None:
         self.long_polling.shutdown()
 
     # ------------------------------------------------------------------------------------------------
-    async def pull_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def _parse(self, cmd: RemotingCommand, conn: Connection) -> tuple[str, str, int, int, int, int,
+                                                                        frozenset[int] | None]:
+        """Validate a pull: (group, topic, queue id, offset, max messages, sys flag, tag codes)."""
         ext = cmd.ext
         group = str_field(ext, "consumerGroup")
         topic = str_field(ext, "topic")
@@ -145,7 +201,28 @@ class PullService:
                 f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
                 f"[{cfg.read_queue_nums}] consumer:[{conn.remote}]",
             )
-        tag_codes = parse_subscription(subscription)
+        return group, topic, queue_id, offset, max_nums, sys_flag, parse_subscription(subscription)
+
+    def pull_message_fast(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | Deferred | None:
+        """The pull answered at once (messages found, or no suspend asked), or held without a task (DEFERRED);
+        None when it must take the task path (the full handler then does everything again, commit included)."""
+        group, topic, queue_id, offset, max_nums, sys_flag, tag_codes = self._parse(cmd, conn)
+        result = self.store.get_message(topic, queue_id, offset, max_nums, tag_codes)
+        code = self._code(result, offset)
+        if code == ResponseCode.PULL_NOT_FOUND and sys_flag & SYSFLAG_SUSPEND:
+            if not self._hold_fast(cmd, conn, group, topic, queue_id, max_nums, tag_codes, result):
+                return None
+            if sys_flag & SYSFLAG_COMMIT_OFFSET:
+                self._commit_offset(group, topic, queue_id, cmd.ext, conn)
+            return DEFERRED
+        if sys_flag & SYSFLAG_COMMIT_OFFSET:
+            self._commit_offset(group, topic, queue_id, cmd.ext, conn)
+        self._count(topic, group, result)
+        return self._response(cmd, code, result)
+
+    async def pull_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        group, topic, queue_id, offset, max_nums, sys_flag, tag_codes = self._parse(cmd, conn)
+        ext = cmd.ext
         result = self.store.get_message(topic, queue_id, offset, max_nums, tag_codes)
         code = self._code(result, offset)
 
@@ -159,6 +236,10 @@ class PullService:
                 hold_ms = self.config.short_polling_time_ms
             result, code = await self._hold(topic, queue_id, result.next_begin_offset, max_nums, tag_codes,
                                             hold_ms, result)
+        self._count(topic, group, result)
+        return self._response(cmd, code, result)
+
+    def _count(self, topic: str, group: str, result: GetMessageResult) -> None:
         if result.message_count:
             st = self.get_stats.get((topic, group))
             if st is None:
@@ -166,7 +247,6 @@ class PullService:
                 st = [0, 0] if len(self.get_stats) >= 100_000 else self.get_stats.setdefault((topic, group), [0, 0])
             st[0] += result.message_count
             st[1] += len(result.body)
-        return self._response(cmd, code, result)
 
     def _code(self, result: GetMessageResult, offset: int) -> int:
         code = _CODES.get(result.status)
@@ -217,3 +297,81 @@ class PullService:
         }
         body = result.body if code == ResponseCode.SUCCESS else None
         return RemotingCommand(code=int(code), opaque=cmd.opaque, flag=1, ext=ext, body=body)
+
+
+class _HeldPull:
+    """A pull held without a task (long polling). Answered once: by an arrival that brings a matching message,
+    by its deadline (the expiry loop), or at shutdown; dropped when its connection is gone."""
+
+    __slots__ = ("cmd", "conn", "deadline", "done", "group", "max_nums", "offset", "queue_id", "result", "service",
+                 "started", "tag_codes", "topic")
+
+    def __init__(self, service: PullService, cmd: RemotingCommand, conn: Connection, group: str, topic: str,
+                 queue_id: int, offset: int, max_nums: int, tag_codes: frozenset[int] | None, deadline: float,
+                 result: GetMessageResult) -> None:
+        self.service = service
+        self.cmd = cmd
+        self.conn = conn
+        self.group = group
+        self.topic = topic
+        self.queue_id = queue_id
+        self.offset = offset
+        self.max_nums = max_nums
+        self.tag_codes = tag_codes
+        self.deadline = deadline
+        self.result = result
+        self.done = False
+        self.started = time.perf_counter()
+
+    def on_arrival(self, max_offset: int) -> bool:
+        if self.done:
+            return True
+        if self.conn.closed:
+            self.done = True
+            self.conn.drop_deferred()
+            return True
+        if max_offset <= self.offset:
+            return False
+        svc = self.service
+        result = svc.store.get_message(self.topic, self.queue_id, self.offset, self.max_nums, self.tag_codes)
+        code = svc._code(result, self.offset)
+        if (result.status is GetMessageStatus.NO_MATCHED_MESSAGE and trio.current_time() < self.deadline
+                and not svc.long_polling.closed):
+            self.offset = result.next_begin_offset  # only messages of other tags arrived: keep holding
+            return False
+        self._answer(code, result)
+        return True
+
+    def expire(self) -> None:
+        """Time is up: PULL_NOT_FOUND, keeping how far filtering already moved the offset."""
+        if self.done:
+            return
+        result = self.result
+        result.next_begin_offset = self.offset
+        result.max_offset = self.service.store.get_max_offset_in_queue(self.topic, self.queue_id)
+        self._answer(ResponseCode.PULL_NOT_FOUND, result)
+
+    def on_shutdown(self) -> None:
+        """As a held task does at shutdown: what has arrived meanwhile, or PULL_NOT_FOUND."""
+        if self.done:
+            return
+        svc = self.service
+        if svc.store.get_max_offset_in_queue(self.topic, self.queue_id) > self.offset:
+            result = svc.store.get_message(self.topic, self.queue_id, self.offset, self.max_nums, self.tag_codes)
+            self._answer(svc._code(result, self.offset), result)
+        else:
+            self.expire()
+
+    def _answer(self, code: int, result: GetMessageResult) -> None:
+        self.done = True
+        conn = self.conn
+        if conn.closed:
+            conn.drop_deferred()
+            return
+        svc = self.service
+        svc._count(self.topic, self.group, result)
+        resp = svc._response(self.cmd, code, result)
+        server = conn.server
+        if server.observe is not None:
+            server.observe(self.cmd.code, resp.code, time.perf_counter() - self.started)
+        conn.answer_deferred(resp)

@@ -142,7 +142,7 @@ class SendBackTarget:
 
 
 def build_send_back_properties(msg: MessageExt, group: str, *, delay_level: int, max_reconsume_times: int,
-                               retry_queue_id: int) -> SendBackTarget:
+                               retry_queue_id: int, skipped_by: str | None = None) -> SendBackTarget:
     """RocketMQ's rule for the copy CONSUMER_SEND_MSG_BACK stores (after the lookups), as a pure function.
 
     RETRY_TOPIC is set to the message's topic when absent; ORIGIN_MESSAGE_ID keeps an existing non-blank
@@ -159,6 +159,8 @@ def build_send_back_properties(msg: MessageExt, group: str, *, delay_level: int,
     times = min(msg.reconsume_times + 1, _MAX_INT32)  # the record field is an int32
     if msg.reconsume_times >= max_reconsume_times or delay_level < 0:
         props.pop(MessageConst.DELAY_TIME_LEVEL, None)
+        if skipped_by:  # trimq: an operator's skip, not an exhausted retry (docs/ADMIN.md)
+            props[MessageConst.SKIPPED_BY] = skipped_by
         return SendBackTarget(dlq_topic(group), 0, props, times, True, 0)
     level = 3 + msg.reconsume_times if delay_level == 0 else delay_level
     props[MessageConst.DELAY_TIME_LEVEL] = str(level)
@@ -320,6 +322,7 @@ class RetryService:
         header_max = _field(ext, "maxReconsumeTimes", int)
         _field(ext, "originMsgId", str)
         origin_topic = _field(ext, "originTopic", str)
+        skipped_by = _field(ext, "skippedBy", str)
 
         # 1. the group's config (auto-created when allowed)
         cfg: SubscriptionGroupConfig | None = self.groups.find(group)
@@ -357,7 +360,7 @@ class RetryService:
         # 6. RETRY_TOPIC, the maximum, the target, ORIGIN_MESSAGE_ID
         max_times = cfg.retry_max_times if header_max is None else header_max
         target = build_send_back_properties(msg, group, delay_level=delay_level, max_reconsume_times=max_times,
-                                            retry_queue_id=queue_id)
+                                            retry_queue_id=queue_id, skipped_by=skipped_by)
         if target.dead_letter:
             self.topics.ensure_topic(target.topic, DLQ_NUMS_PER_GROUP, PERM_READ_WRITE)
         if self.groups.dirty:

@@ -137,6 +137,7 @@ class RecordEncoder:
 
     def __init__(self) -> None:
         self._structs: dict[tuple[int, int], struct.Struct] = {}
+        self._wholes: dict[tuple[int, int, int, int, int], struct.Struct] = {}
         self._topics: dict[str, bytes] = {}
 
     def middle(self, born_len: int, store_len: int) -> struct.Struct:
@@ -146,6 +147,20 @@ class RecordEncoder:
         if st is None:
             st = struct.Struct(f">iIiiiqqiq{born_len}sq{store_len}siqi")
             self._structs[key] = st
+        return st
+
+    def whole(self, born_len: int, store_len: int, body_len: int, topic_field_len: int,
+              props_len: int) -> struct.Struct:
+        """Struct for a whole record: fields 1-14, the body length and body, the topic field (length byte
+        included, as ``topic_bytes`` gives it), the properties length and properties. Cached by the lengths:
+        messages of a workload tend to have a few sizes, so one ``pack`` writes a record."""
+        key = (born_len, store_len, body_len, topic_field_len, props_len)
+        st = self._wholes.get(key)
+        if st is None:
+            st = struct.Struct(f">iIiiiqqiq{born_len}sq{store_len}siqi{body_len}s{topic_field_len}sh{props_len}s")
+            if len(self._wholes) >= 4096:
+                self._wholes.clear()
+            self._wholes[key] = st
         return st
 
     def topic_bytes(self, topic: str) -> bytes:

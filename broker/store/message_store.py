@@ -43,7 +43,7 @@ from broker.store.commitlog import CommitLog, RecordEncoder, ScanRecord, StoreEr
 from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue, tags_string_to_tags_code
 from broker.store.recovery import RecoveryReport, check_queue_tail, scan_commit_log
 from protocol.errors import RecordError
-from protocol.logs import get_logger
+from protocol.logs import RateLimiter, get_logger, log_rate_limited
 from protocol.message import MAX_PROPERTIES_BYTES, MessageConst, MessageExt, decode_properties, encode_properties
 from protocol.record import decode_record
 from protocol.validation import InvalidNameError, check_topic
@@ -214,10 +214,13 @@ class MessageStore:
         # ("interval": commit log + consume queues + checkpoint, "group_commit": the SYNC_FLUSH commit log).
         self.on_append: Callable[[float], None] | None = None
         self.on_fsync: Callable[[str, float], None] | None = None
+        self._failure_log = RateLimiter(10_000)  # a failing disk fails every retry: one line per 10 s and kind
         self._store_host_fn = store_host or (lambda: ("127.0.0.1", 0))
         self._store_host_bytes: bytes | None = None
         self._store_host: tuple[str, int] = ("127.0.0.1", 0)
         self._host_cache: dict[tuple[str, int], bytes] = {}
+        self._id_prefix_for = b""
+        self._id_prefix_hex = ""
         self._valid_topics: set[str] = set()
         self._encoder = RecordEncoder()
         self._last_store_ts = 0
@@ -487,6 +490,12 @@ class MessageStore:
             self._store_host = host
         return b
 
+    def _id_prefix(self, store_b: bytes) -> str:
+        if self._id_prefix_for != store_b:
+            self._id_prefix_for = store_b
+            self._id_prefix_hex = store_b.hex().upper()
+        return self._id_prefix_hex
+
     def _born_b(self, host: tuple[str, int]) -> bytes:
         b = self._host_cache.get(host)
         if b is None:
@@ -577,19 +586,21 @@ class MessageStore:
         max_size = min(self.config.max_message_size, self.commitlog.segment_size - 8)
         resolver = self.tags_code_resolvers.get(topic) if tags_code is None else None
         fixed = 74 + tlen + blen + slen  # record size minus body and properties
+        # per message: (body, encoded properties, flag, record size, tags code)
         prepared: list[tuple[bytes, bytes, int, int, int]] = []
+        append = prepared.append
         total = 0
         batch = len(messages) > 1
         for body, props, flag in messages:
             props_b = props.encode()
             plen = len(props_b)
-            if plen > MAX_PROPERTIES_BYTES:
-                return PutResult(
-                    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
-                    remark=f"properties are {plen} bytes; the maximum is {MAX_PROPERTIES_BYTES}",
-                )
             size = fixed + len(body) + plen
-            if size > max_size:
+            if size > max_size or plen > MAX_PROPERTIES_BYTES:
+                if plen > MAX_PROPERTIES_BYTES:
+                    return PutResult(
+                        PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                        remark=f"properties are {plen} bytes; the maximum is {MAX_PROPERTIES_BYTES}",
+                    )
                 return PutResult(
                     PutMessageStatus.MESSAGE_ILLEGAL,
                     remark=f"message record is {size} bytes; the maximum is {max_size}",
@@ -604,7 +615,7 @@ class MessageStore:
                 d = get_property(props, MessageConst.DELAY_TIME_LEVEL)
                 if d and d.isdigit() and int(d) > 0:
                     return PutResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="a batch cannot hold delayed messages")
-            prepared.append((body, topic_field + _I16.pack(plen) + props_b, flag, size, tc))
+            append((body, props_b, flag, size, tc))
             total += size
         if total > max_size:
             return PutResult(
@@ -635,16 +646,18 @@ class MessageStore:
             cq = self._new_cq(topic, queue_id)
         qoff = cq.max_offset
         phys0 = phys = cl.max_offset
-        mid = self._encoder.middle(blen, slen).pack
         crc32 = zlib.crc32
         unit = UNIT.pack
+        whole = self._encoder.whole
         buf = bytearray()
         units = bytearray()
-        for i, (body, tail, flag, size, tc) in enumerate(prepared):
-            buf += mid(size, 0xDAA320A7, crc32(body) & 0x7FFFFFFF, queue_id, flag, qoff + i, phys, sys_flag,
-                       born_timestamp, born_b, store_ts, store_b, reconsume_times, 0, len(body))
-            buf += body
-            buf += tail
+        for i, (body, props_b, flag, size, tc) in enumerate(prepared):
+            # one pack per record: fields 1-14, the body, the topic, the properties (struct cached by lengths)
+            bl = len(body)
+            pl = len(props_b)
+            buf += whole(blen, slen, bl, tlen, pl).pack(
+                size, 0xDAA320A7, crc32(body) & 0x7FFFFFFF, queue_id, flag, qoff + i, phys, sys_flag,
+                born_timestamp, born_b, store_ts, store_b, reconsume_times, 0, bl, body, topic_field, pl, props_b)
             if resolver is not None:
                 tc = resolver(decode_properties(messages[i][1]), store_ts)
             units += unit(phys, size, tc)
@@ -673,14 +686,15 @@ class MessageStore:
         if self.on_append is not None:
             self.on_append(time.perf_counter() - t_append)
 
+        id_prefix = self._id_prefix(store_b)
         if len(prepared) == 1:
-            first_id = (store_b + _I64.pack(phys0)).hex().upper()
+            first_id = f"{id_prefix}{phys0:016X}"
             ids = [first_id]
         else:
             ids = []
             p = phys0
             for entry in prepared:
-                ids.append((store_b + _I64.pack(p)).hex().upper())
+                ids.append(f"{id_prefix}{p:016X}")  # RocketMQ's offset message id: store host + offset, hex
                 p += entry[3]
             first_id = ids[0]
         result = PutResult(PutMessageStatus.PUT_OK, first_id, qoff, phys0, store_ts, "", topic, queue_id, ids,
@@ -712,7 +726,8 @@ class MessageStore:
                 try:
                     await self._prepare_segment()
                 except OSError as exc:
-                    log.warning("store.prepare_segment_failed", error=str(exc))
+                    log_rate_limited(self._failure_log, "prepare_segment", _mono_ms(), log.warning,
+                                     "store.prepare_segment_failed", error=str(exc))
                     await trio.sleep(1)
             await self._alloc_wakeup.wait()
             self._alloc_wakeup = trio.Event()
@@ -746,7 +761,8 @@ class MessageStore:
                     self._flush_failed = None
                 except OSError as exc:
                     self._flush_failed = f"fsync failed: {exc}"
-                    log.error("store.fsync_failed", error=str(exc))
+                    log_rate_limited(self._failure_log, "fsync", _mono_ms(), log.error, "store.fsync_failed",
+                                     error=str(exc))
                     await trio.sleep(0.1)
             waiters = self._sync_waiters
             flushed = cl.flushed_offset
@@ -761,7 +777,8 @@ class MessageStore:
             try:
                 await self.flush()
             except OSError as exc:
-                log.error("store.flush_failed", error=str(exc))
+                log_rate_limited(self._failure_log, "flush", _mono_ms(), log.error, "store.flush_failed",
+                                 error=str(exc))
 
     async def flush(self) -> None:
         """fsync the commit log and the consume queues written so far, then write the checkpoint."""
@@ -940,6 +957,10 @@ class MessageStore:
             "queues": sum(len(qs) for qs in self.queues.values()),
             "writable": self.writable,
         }
+
+
+def _mono_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 def _raise_nofile_limit() -> None:

@@ -45,6 +45,8 @@ class OffsetStoreError(ValueError):
 class _LockView(Protocol):
     def live_owner(self, group: str, mq: MessageQueue) -> str | None: ...
 
+    def offset_owner(self, group: str, mq: MessageQueue) -> str | None: ...
+
 
 class _StoreView(Protocol):
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
@@ -111,6 +113,8 @@ class ConsumerOffsetManager:
         self.fenced_updates: Counter[str] = Counter()
         #: Applied updates in total.
         self.applied_updates = 0
+        #: Pull commit offsets ignored because the stored offset was already further (see commit_offset).
+        self.stale_pull_commits = 0
 
     # ------------------------------------------------------------------ queries
 
@@ -145,13 +149,15 @@ class ConsumerOffsetManager:
     # ------------------------------------------------------------------ updates
 
     def fencing_owner(self, group: str, topic: str, queue_id: int, client_id: str | None) -> str | None:
-        """The client whose live lock forbids ``client_id`` to move this queue's offset, or None if allowed.
+        """The client whose lock forbids ``client_id`` to move this queue's offset, or None if allowed.
 
-        Only groups consuming orderly are fenced; the lock is looked at without renewing it.
+        Only groups consuming orderly are fenced; the lock is looked at without renewing it. The owner is the
+        holder of the queue's live lock or, while nobody holds it, the last client that did (between a
+        graceful release and the next owner's lock, a paused ex-owner's stale offset is refused too).
         """
         if self.lock_manager is None or not self.is_orderly(group):
             return None
-        owner = self.lock_manager.live_owner(group, MessageQueue(topic, self.broker_name, queue_id))
+        owner = self.lock_manager.offset_owner(group, MessageQueue(topic, self.broker_name, queue_id))
         if owner is None or owner == client_id:
             return None
         return owner
@@ -162,6 +168,12 @@ class ConsumerOffsetManager:
 
         ``source`` says where the update came from (``update`` for UPDATE_CONSUMER_OFFSET, ``pull`` for a
         pull's commit offset, ...) for the logs.
+
+        A pull's commit offset only ever moves the stored offset forward (an older one is ignored, True
+        returned). It is the client's progress as of when the pull was sent, and the broker runs a
+        connection's requests as concurrent tasks in no fixed order, so a long-poll carrying offset N can be
+        applied after an UPDATE_CONSUMER_OFFSET of N+k sent later: applying it would rewind the queue and
+        make its next owner consume N..N+k-1 again (found by the chaos suite). Explicit updates may rewind.
         """
         _check_offset(offset)
         owner = self.fencing_owner(group, topic, queue_id, client_id)
@@ -173,6 +185,9 @@ class ConsumerOffsetManager:
                 source=source, fenced_total=self.fenced_updates[group],
             )
             return False
+        if source == "pull" and offset < self.query_offset(group, topic, queue_id):
+            self.stale_pull_commits += 1
+            return True
         self._set(group, topic, queue_id, offset)
         self.applied_updates += 1
         return True

@@ -69,6 +69,7 @@ __all__ = [
     "MessageModel",
     "SendBack",
     "SendBackClient",
+    "held",
     "is_async_callable",
     "normalize_status",
     "reset_retry_and_namespace",
@@ -200,6 +201,25 @@ def reset_retry_and_namespace(msgs: Sequence[MessageExt], consumer_group: str) -
 
 # --------------------------------------------------------------------------------------------------
 # Listener calls
+
+
+class held:
+    """``async with held(lock)``: a trio Lock or CapacityLimiter, taken without a scheduling round when it is
+    free (the uncontended case of every batch of a queue), waited for as usual when it is not."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    async def __aenter__(self) -> None:
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 def is_async_callable(fn: Any) -> bool:
@@ -413,7 +433,7 @@ class SendBack:
         return format_address(*msg.store_host)
 
     async def consumer_send_back(self, msg: MessageExt, delay_level: int, broker_name: str | None,
-                                 max_reconsume_times: int) -> None:
+                                 max_reconsume_times: int, skipped_by: str | None = None) -> None:
         """CONSUMER_SEND_MSG_BACK; raises RemotingError / MQBrokerError / MQClientError."""
         addr = await self._broker_addr(msg, broker_name)
         await self.client.api.consumer_send_msg_back(
@@ -424,6 +444,7 @@ class SendBack:
             origin_msg_id=msg.msg_id,
             origin_topic=msg.topic,
             max_reconsume_times=wire_int(max_reconsume_times),
+            skipped_by=skipped_by,
             timeout_ms=self.timeout_ms,
         )
 
@@ -477,10 +498,12 @@ class SendBack:
 
     async def send(self, msg: MessageExt, *, delay_level: int, broker_name: str | None,
                    max_reconsume_times: int, fallback_reconsume_times: int, fallback_delay_level: int,
-                   stats: ConsumeStats | None = None) -> bool:
-        """CONSUMER_SEND_MSG_BACK, else :meth:`produce_to_retry`; False (logged) when both fail."""
+                   stats: ConsumeStats | None = None, skipped_by: str | None = None) -> bool:
+        """CONSUMER_SEND_MSG_BACK, else :meth:`produce_to_retry`; False (logged) when both fail.
+
+        ``skipped_by`` marks an operator's skip on the dead letter (the TRIMQ_SKIPPED_BY property)."""
         try:
-            await self.consumer_send_back(msg, delay_level, broker_name, max_reconsume_times)
+            await self.consumer_send_back(msg, delay_level, broker_name, max_reconsume_times, skipped_by)
             if stats is not None:
                 stats.inc_send_back("broker")
             return True
@@ -488,8 +511,10 @@ class SendBack:
             log.warning("consume.send_back_failed", group=self.consumer_group, topic=msg.topic,
                         msg_id=msg.msg_id, queue_offset=msg.queue_offset, error=str(exc), fallback="retry_topic")
         try:
-            await self.produce_to_retry(msg, reconsume_times=fallback_reconsume_times,
-                                        max_reconsume_times=max_reconsume_times, delay_level=fallback_delay_level)
+            await self.produce_to_retry(
+                msg, reconsume_times=fallback_reconsume_times, max_reconsume_times=max_reconsume_times,
+                delay_level=fallback_delay_level,
+                extra_properties={MessageConst.SKIPPED_BY: skipped_by} if skipped_by else None)
             if stats is not None:
                 stats.inc_send_back("retry_topic")
             return True
@@ -557,6 +582,7 @@ class ConsumeServiceBase:
         self._listening: set[trio.CancelScope] = set()
         self._processing = 0
         self._changed = trio.Event()
+        self._watchers = 0
         self.dropped_results = 0
         """Listener results dropped because the service was sealed (shutdown) before they arrived."""
         self._exc_rate = RateLimiter(10_000)
@@ -606,7 +632,7 @@ class ConsumeServiceBase:
         self, msgs: list[MessageExt], context: Any, before: Callable[[], Awaitable[None]] | None = None
     ) -> ListenerOutcome | None:
         """Run the listener within the limiter; None when it did not run (stopping) or was abandoned (sealed)."""
-        async with self.limiter:
+        async with held(self.limiter):
             if self.stopping:
                 return None
             if before is not None:
@@ -633,12 +659,17 @@ class ConsumeServiceBase:
             self._notify()
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        if self._watchers:  # only a shutdown waits on this: no Event per listener call otherwise
+            self._changed.set()
+            self._changed = trio.Event()
 
     async def _wait_for(self, pred: Callable[[], bool]) -> None:
-        while not pred():
-            await self._changed.wait()
+        self._watchers += 1
+        try:
+            while not pred():
+                await self._changed.wait()
+        finally:
+            self._watchers -= 1
 
     @property
     def in_flight(self) -> int:

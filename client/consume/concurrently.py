@@ -259,7 +259,8 @@ class ConsumeMessageConcurrentlyService(ConsumeServiceBase):
 
     # --- operator actions --------------------------------------------------------------------------------
 
-    async def skip_message(self, mq: MessageQueue, pq: ProcessQueue, offset: int) -> dict[str, Any]:
+    async def skip_message(self, mq: MessageQueue, pq: ProcessQueue, offset: int,
+                           skipped_by: str | None = None) -> dict[str, Any]:
         """Dead-letter the cached message at ``offset`` of ``mq`` and commit past it when it is the first.
 
         A listener call under way for it may still finish; its result no longer sends it back.
@@ -277,6 +278,7 @@ class ConsumeMessageConcurrentlyService(ConsumeServiceBase):
             ok = await self.send_back.send(
                 msg, delay_level=-1, broker_name=mq.broker_name, max_reconsume_times=0,
                 fallback_reconsume_times=msg.reconsume_times, fallback_delay_level=0, stats=self.stats,
+                skipped_by=skipped_by,
             )
             if not ok:
                 raise MQClientError(f"could not dead-letter {mq}@{offset} (send-back and retry-topic produce failed)")

@@ -61,6 +61,7 @@ from client.consume.common import (
     ConsumeOrderlyStatus,
     ConsumeServiceBase,
     ConsumeStats,
+    held,
     normalize_status,
     reset_retry_and_namespace,
 )
@@ -195,7 +196,7 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
         if pq.dropped:
             log.info("consume.queue_dropped", group=self.consumer_group, mq=str(mq))
             return
-        async with self.mq_lock(mq):
+        async with held(self.mq_lock(mq)):
             if not self._usable(pq):
                 if pq.dropped:
                     return
@@ -213,14 +214,15 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
                     log.warning("consume.queue_not_locked", group=self.consumer_group, mq=str(mq))
                     self.try_lock_later_and_reconsume(mq, pq, RELOCK_IN_LOOP_MS)
                     break
-                if self.clustering and pq.is_lock_expired(self.clock()):
+                now = self.clock()  # one reading per batch: the checks below and the take share it
+                if self.clustering and pq.is_lock_expired(now):
                     log.warning("consume.queue_lock_expired", group=self.consumer_group, mq=str(mq))
                     self.try_lock_later_and_reconsume(mq, pq, RELOCK_IN_LOOP_MS)
                     break
-                if self.clock() - begin > self.config.max_time_consume_continuously:
+                if now - begin > self.config.max_time_consume_continuously:
                     self.submit_consume_request_later(pq, mq, RESUBMIT_AFTER_YIELD_MS)
                     break
-                msgs = pq.take_messages(self.config.consume_message_batch_max_size, self.clock())
+                msgs = pq.take_messages(self.config.consume_message_batch_max_size, now)
                 if not msgs:
                     break  # take_messages cleared ``consuming``: the next pull dispatches a new request
                 reset_retry_and_namespace(msgs, self.consumer_group)
@@ -237,14 +239,24 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
         hook_ctx = self.hook_context(mq, msgs) if self.hooks else None
 
         async def before() -> None:
+            # The last check before the listener runs: waiting for the limiter (or a hook) may have taken
+            # longer than the lock lives (a paused process), and another client may own the queue by now.
+            if not self._usable(pq):
+                raise _LockLapsed
             if hook_ctx is not None:
                 await self.hooks.run("before", hook_ctx)
 
-        async with self.rebalance.consume_lock(pq) if self.rebalance is not None else _null_lock():
+        async with held(self.rebalance.consume_lock(pq)) if self.rebalance is not None else _null_lock():
             if pq.dropped:
                 log.info("consume.queue_dropped", group=self.consumer_group, mq=str(mq))
                 return False
-            outcome = await self.call_listener(list(msgs), context, before)
+            try:
+                outcome = await self.call_listener(list(msgs), context, before)
+            except _LockLapsed:
+                pq.make_message_to_consume_again(msgs)
+                log.warning("consume.queue_lock_expired", group=self.consumer_group, mq=str(mq))
+                self.try_lock_later_and_reconsume(mq, pq, RELOCK_IN_LOOP_MS)
+                return False
             if outcome is None:
                 # not run (shutdown began) or abandoned at the seal: the batch stays uncommitted
                 pq.make_message_to_consume_again(msgs)
@@ -415,7 +427,8 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
 
     # --- operator actions --------------------------------------------------------------------------------
 
-    async def skip_message(self, mq: MessageQueue, pq: ProcessQueue, offset: int) -> dict[str, Any]:
+    async def skip_message(self, mq: MessageQueue, pq: ProcessQueue, offset: int,
+                           skipped_by: str | None = None) -> dict[str, Any]:
         """Dead-letter the cached message at ``offset`` of ``mq`` and move on (DESIGN.md §6.5).
 
         Waits (at most 5 s) until no batch of the queue is being consumed. Raises MQClientError when the
@@ -431,14 +444,15 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
             if consume_lock is not None:
                 await consume_lock.acquire()
             try:
-                return await self._skip_locked(mq, pq, offset)
+                return await self._skip_locked(mq, pq, offset, skipped_by)
             finally:
                 if consume_lock is not None:
                     consume_lock.release()
         finally:
             lock.release()
 
-    async def _skip_locked(self, mq: MessageQueue, pq: ProcessQueue, offset: int) -> dict[str, Any]:
+    async def _skip_locked(self, mq: MessageQueue, pq: ProcessQueue, offset: int,
+                           skipped_by: str | None = None) -> dict[str, Any]:
         if pq.dropped:
             raise MQClientError(f"queue {mq} is no longer held by this consumer")
         if any(m.queue_offset == offset for m in pq.consuming_messages()):
@@ -454,6 +468,7 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
         ok = await self.send_back.send(
             msg, delay_level=-1, broker_name=mq.broker_name, max_reconsume_times=0,
             fallback_reconsume_times=msg.reconsume_times, fallback_delay_level=0, stats=self.stats,
+            skipped_by=skipped_by,
         )
         if not ok:
             raise MQClientError(f"could not dead-letter {mq}@{offset} (send-back and retry-topic produce failed)")
@@ -490,6 +505,10 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
             }[status]
         return ConsumeMessageDirectlyResult(order=True, auto_commit=context.auto_commit, consume_result=result,
                                             remark=remark, spent_time_millis=outcome.spent_ms)
+
+
+class _LockLapsed(Exception):
+    """The queue's lock lapsed between the loop's check and the listener call."""
 
 
 class _null_lock:

@@ -130,6 +130,10 @@ class RebalanceImpl:
         self.heartbeat_needed = False
         self.lock_failed = False
         """Orderly: the last do_rebalance could not lock some assigned queue (another member still holds it)."""
+        self.stale_queues_dropped = 0
+        """Orderly: process queues dropped because their lock had lapsed before it was renewed."""
+        self.on_stale_queue: Callable[[], None] | None = None
+        """Called when such a queue was dropped (the consumer asks for a rebalance to re-create it)."""
         self.nursery: trio.Nursery | None = None
         self._consume_locks: weakref.WeakKeyDictionary[ProcessQueue, trio.Lock] = weakref.WeakKeyDictionary()
         self._rate = RateLimiter(10_000)
@@ -257,6 +261,7 @@ class RebalanceImpl:
 
         new_mqs = sorted(mq for mq in mq_set if mq not in self.process_queue_table)
         locked: set[MessageQueue] = set()
+        lock_sent_at = self.clock()
         if is_order and new_mqs:
             locked = await self._lock_batch(new_mqs)
         requests: list[PullRequest] = []
@@ -280,7 +285,7 @@ class RebalanceImpl:
             if is_order:
                 # RocketMQ #2621: the broker lock is ours now; say so at once instead of after lockAll.
                 pq.locked = True
-                pq.last_lock_timestamp = self.clock()
+                pq.last_lock_timestamp = lock_sent_at  # when the broker could last have renewed it
             self.process_queue_table[mq] = pq
             requests.append(PullRequest(self.consumer_group, mq, pq, next_offset))
             changed = True
@@ -316,15 +321,23 @@ class RebalanceImpl:
         with trio.move_on_after(self.config.consume_lock_wait_millis / 1000):
             await lock.acquire()
             acquired = True
+        # Only an offset consumed under a lock still held is worth keeping: once the lock lapsed (a pause),
+        # another client may have moved the queue on, and this one's offset would rewind it.
+        trusted = pq.locked and not pq.is_lock_expired(self.clock())
         if not acquired:
             pq.inc_try_unlock_times()
             log.warning("rebalance.queue_busy", group=self.consumer_group, mq=str(mq),
                         try_unlock_times=pq.try_unlock_times)
-            await self.offset_store.persist(mq)
+            if trusted:
+                await self.offset_store.persist(mq)
             self.offset_store.remove_offset(mq)
             return False
         try:
-            await self.offset_store.persist(mq)
+            if trusted:
+                await self.offset_store.persist(mq)
+            else:
+                log.info("rebalance.offset_not_persisted", group=self.consumer_group, mq=str(mq),
+                         reason="lock lapsed")
             self.offset_store.remove_offset(mq)
             await self.unlock_delay(mq, pq)
         finally:
@@ -426,34 +439,75 @@ class RebalanceImpl:
             out.setdefault(mq.broker_name, []).append(mq)
         return out
 
-    async def _lock_on_broker(self, broker_name: str, mqs: list[MessageQueue]) -> set[MessageQueue] | None:
-        """LOCK_BATCH_MQ on one broker; None when the broker could not be asked."""
+    async def _lock_on_broker(self, broker_name: str, mqs: list[MessageQueue]
+                              ) -> tuple[set[MessageQueue], set[MessageQueue] | None] | None:
+        """LOCK_BATCH_MQ on one broker: (held, kept) — ``kept`` the held queues nobody else locked since this
+        client's previous lock, None when the broker does not say; None when the broker could not be asked."""
         addr = await self.client.find_broker_addr(broker_name, mqs[0].topic)
         if addr is None:
             log.warning("rebalance.lock_no_broker", group=self.consumer_group, broker=broker_name)
             return None
         try:
-            return await self.client.api.lock_batch_mq(
+            detailed = getattr(self.client.api, "lock_batch_mq_detailed", None)
+            if detailed is not None:
+                held, kept = await detailed(addr, self.consumer_group, self.client.client_id, mqs,
+                                            timeout_ms=LOCK_BATCH_TIMEOUT_MS)
+                return held, kept
+            held = await self.client.api.lock_batch_mq(
                 addr, self.consumer_group, self.client.client_id, mqs, timeout_ms=LOCK_BATCH_TIMEOUT_MS
             )
+            return held, None
         except (RemotingError, MQBrokerError, MQClientError) as exc:
             log.warning("rebalance.lock_error", group=self.consumer_group, broker=broker_name, error=str(exc))
             return None
 
     async def _lock_batch(self, mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
-        """Lock ``mqs`` (one request per broker); returns those now held. Marks held ones' process queues."""
+        """Lock ``mqs`` (one request per broker); returns those now held. Marks held ones' process queues;
+        a held queue whose process queue had lost its lock is dropped instead (:meth:`_lock_confirmed`)."""
         held: set[MessageQueue] = set()
+        kept: set[MessageQueue] | None = set()
+        sent_at = self.clock()
         for broker_name, group in self._by_broker(mqs).items():
             got = await self._lock_on_broker(broker_name, group)
             if got:
-                held |= got & set(group)
-        now = self.clock()
-        for mq in held:
+                held |= got[0] & set(group)
+                kept = None if kept is None or got[1] is None else kept | got[1]
+        for mq in list(held):
             pq = self.process_queue_table.get(mq)
-            if pq is not None:
-                pq.locked = True
-                pq.last_lock_timestamp = now
+            if pq is not None and not await self._lock_confirmed(mq, pq, sent_at, kept):
+                held.discard(mq)
         return held
+
+    async def _lock_confirmed(self, mq: MessageQueue, pq: ProcessQueue, sent_at: int,
+                              kept: set[MessageQueue] | None) -> bool:
+        """The broker says this client holds ``mq``'s lock, as of a request sent at ``sent_at``.
+
+        If nobody else held the lock since this client's previous lock — the broker says so in ``kept``; a
+        broker that does not (``kept`` None) leaves the client's own view: ``pq`` locked and not expired when
+        the request left — the lock is renewed from ``sent_at``, the send time rather than the answer's, so a
+        client paused in between never believes its lock younger than the broker's. Otherwise another client
+        may have consumed the queue meanwhile (this one was paused past its lock, or the broker restarted),
+        so ``pq``'s cached messages and the in-memory offset may be stale: consuming on from them would
+        re-consume what the other client did and commit an offset behind its commits, i.e. rewind the queue
+        (found by the chaos suite). Such a process queue is dropped, its in-memory offset forgotten, and a
+        rebalance asked for, which re-creates it from the committed offset. Returns whether ``pq`` may go on.
+        """
+        if (mq in kept) if kept is not None else (pq.locked and not pq.is_lock_expired(sent_at)):
+            pq.locked = True
+            pq.last_lock_timestamp = sent_at
+            return True
+        pq.locked = False
+        lock = self.consume_lock(pq)
+        with trio.move_on_after(self.config.consume_lock_wait_millis / 1000):
+            async with lock:  # nothing of the queue is being consumed: no late commit of the stale batch
+                if self.remove_process_queue(mq, pq) is not None:
+                    self.offset_store.remove_offset(mq)
+                    self.stale_queues_dropped += 1
+                    log.warning("rebalance.stale_queue_dropped", group=self.consumer_group, mq=str(mq),
+                                reason="lock lapsed before it was renewed")
+                    if self.on_stale_queue is not None:
+                        self.on_stale_queue()
+        return False
 
     async def lock(self, mq: MessageQueue) -> bool:
         """Lock one queue on its broker (RebalanceImpl.lock); marks its process queue locked on success."""
@@ -462,19 +516,19 @@ class RebalanceImpl:
     async def lock_all(self) -> None:
         """Renew the broker locks of every held queue; mark each process queue locked or not accordingly."""
         for broker_name, mqs in self._by_broker(list(self.process_queue_table)).items():
+            sent_at = self.clock()
             got = await self._lock_on_broker(broker_name, mqs)
             if got is None:
                 continue
-            now = self.clock()
+            held, kept = got
             for mq in mqs:
                 pq = self.process_queue_table.get(mq)
                 if pq is None:
                     continue
-                if mq in got:
-                    if not pq.locked:
+                if mq in held:
+                    was_locked = pq.locked
+                    if await self._lock_confirmed(mq, pq, sent_at, kept) and not was_locked:
                         log.info("rebalance.lock_ok", group=self.consumer_group, mq=str(mq))
-                    pq.locked = True
-                    pq.last_lock_timestamp = now
                 else:
                     if pq.locked:
                         log.warning("rebalance.lock_lost", group=self.consumer_group, mq=str(mq))

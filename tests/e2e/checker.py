@@ -32,6 +32,28 @@ their ``consume_time``, ties kept in file order):
   (It includes waiting for a message to arrive, so measure while producing.)
 * Every produced message must be consumed at least once (**missing** otherwise).
 
+Extras for the chaos suite (tests/chaos/; all optional, the rules above are unchanged without them):
+
+* :class:`Pause` (SIGSTOP .. SIGCONT): for the group a paused consumer is like a crashed one, so it counts
+  as a non-graceful stop at SIGSTOP (replays allowed, takeover measured, ``kind="pause"``); having lost its
+  locks, the resumed consumer itself may also replay a queue from its committed offset. One thing is
+  new: the batch that was inside its listener when it was stopped completes after SIGCONT, although another
+  consumer may already have taken the queue over — a **late completion**. Up to ``late_batch`` records of
+  the paused consumer on such a queue, right after SIGCONT (within ``late_window_ms``) and continuing exactly
+  where it had stopped, are counted as late completions and left out of the order rules (they are
+  duplicates the lock protocol cannot prevent; their offset commits must be fenced). Anything more is judged
+  normally (a resumed consumer re-consuming a queue it lost is a violation).
+* :class:`BrokerCrash`: a broker restarted after SIGKILL reloads the committed offsets it had persisted
+  (``persisted``), possibly older than the last commits. On each of its queues, the first redelivery after
+  the crash (by any consumer, within ``broker_replay_window_ms`` of the restart) is an allowed replay when it
+  starts at or above the persisted offset.
+* ``committed_samples`` (queue -> [(wall ms, committed offset)], read from the broker over time): the
+  committed floor of a replay is raised to the highest offset sampled before the replay began (since the
+  broker's last restart), and within one broker lifetime sampled offsets must never decrease (an
+  **offset regression** is a violation: someone rewound the queue).
+* A replay handed over mid-way (gracefully) continues with its next owner: an owner change that starts
+  exactly after the previous record of a replay continues that replay.
+
 Use :func:`check` (returns a :class:`Report`; ``report.ok``, ``report.text()``), or from a shell
 ``python -m tests.e2e.checker --producer P.jsonl --consumer C1.jsonl --consumer C2.jsonl --crashed ID``.
 """
@@ -42,14 +64,17 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 Queue = tuple[str, str, int]
 
-__all__ = ["Report", "Stop", "Takeover", "check", "client_id_of", "read_records"]
+__all__ = ["BrokerCrash", "Pause", "Report", "Stop", "Takeover", "check", "client_id_of", "read_records"]
+
+#: A stop's time is taken just before the signal is sent: records stamped this little later are still "before".
+STOP_TOLERANCE_MS = 100
 
 
 @dataclass(frozen=True)
@@ -59,6 +84,27 @@ class Stop:
     client_id: str
     time_ms: int
     graceful: bool
+    kind: str = ""  # for the report: "" (graceful / crash) or e.g. "pause"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A consumer paused by the test: SIGSTOP at wall-clock ``stop_ms``, SIGCONT at ``cont_ms``."""
+
+    client_id: str
+    stop_ms: int
+    cont_ms: int
+
+
+@dataclass(frozen=True)
+class BrokerCrash:
+    """A broker SIGKILLed at ``time_ms`` and serving again from ``restart_ms``; ``persisted`` holds the committed
+    offsets its store had on disk (what it reloads), per queue."""
+
+    broker: str
+    time_ms: int
+    restart_ms: int
+    persisted: Mapping[Queue, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,6 +114,7 @@ class Takeover:
     graceful: bool
     new_owner: str | None
     ms: int | None  # None: nobody consumed that queue after the stop
+    kind: str = ""
 
 
 @dataclass
@@ -94,6 +141,9 @@ class Report:
     first_offending_key: str | None = None
     key_detail: str = ""
     takeovers: list[Takeover] = field(default_factory=list)
+    late_completions: int = 0
+    broker_replays: int = 0  # replays allowed by a broker crash (stale persisted offsets)
+    offset_regressions: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -116,13 +166,19 @@ class Report:
             f"missing: {len(self.missing)}",
             f"duplicates: {self.duplicates} (replayed after crashes: {self.replayed}, in {len(self.replays)} replays)",
         ]
-        for graceful in (True, False):
-            ts = [t for t in self.takeovers if t.graceful == graceful]
-            if ts:
-                kind = "graceful" if graceful else "crash"
-                vals = ", ".join(f"q{t.queue[2]}={'-' if t.ms is None else t.ms}" for t in ts)
-                lines.append(f"takeover after {kind} stop of {ts[0].client_id}: max "
-                             f"{self.max_takeover_ms(graceful=graceful)} ms ({vals})")
+        if self.late_completions or self.broker_replays or self.offset_regressions:
+            lines.append(f"late completions after a pause: {self.late_completions}; replays after broker crashes: "
+                         f"{self.broker_replays}; committed-offset regressions: {len(self.offset_regressions)}")
+        groups: dict[tuple[str, bool, str], list[Takeover]] = {}
+        for t in self.takeovers:
+            groups.setdefault((t.client_id, t.graceful, t.kind), []).append(t)
+        for (cid, graceful, kind), ts in groups.items():
+            label = kind or ("graceful" if graceful else "crash")
+            vals = ", ".join(f"{'' if len({x.queue[1] for x in ts}) == 1 else x.queue[1] + '/'}q{x.queue[2]}="
+                             f"{'-' if x.ms is None else x.ms}" for x in ts)
+            known = [x.ms for x in ts if x.ms is not None]
+            worst = max(known) if known and len(known) == len(ts) else None
+            lines.append(f"takeover after {label} stop of {cid}: max {worst} ms ({vals})")
         if self.missing:
             m = self.missing[0]
             lines.append(f"first missing: key {m.get('key')} seq {m.get('seq')} queue {m.get('queue_id')} "
@@ -170,10 +226,22 @@ def check(
     stops: Iterable[Stop] = (),
     committed: Mapping[Queue, int] | None = None,
     topic: str | None = None,
+    pauses: Iterable[Pause] = (),
+    broker_crashes: Iterable[BrokerCrash] = (),
+    committed_samples: Mapping[Queue, Sequence[tuple[int, int]]] | None = None,
+    late_batch: int = 1,
+    late_window_ms: int = 2000,
+    broker_replay_window_ms: int = 20_000,
 ) -> Report:
     """Judge the record files; see the module documentation for the rules."""
-    stops = sorted(stops, key=lambda s: s.time_ms)
-    crash_time = {s.client_id: s.time_ms for s in stops if not s.graceful}
+    pauses = sorted(pauses, key=lambda p: p.stop_ms)
+    stops = sorted([*stops, *(Stop(p.client_id, p.stop_ms, graceful=False, kind="pause") for p in pauses)],
+                   key=lambda s: s.time_ms)
+    crash_times: dict[str, list[int]] = defaultdict(list)
+    for s in stops:
+        if not s.graceful:
+            crash_times[s.client_id].append(s.time_ms)
+    crashes = sorted(broker_crashes, key=lambda c: c.time_ms)
     report = Report()
 
     produced: dict[str, dict[str, Any]] = {}
@@ -217,51 +285,123 @@ def check(
     report.missing = sorted((p for mid, p in produced.items() if mid not in seen),
                             key=lambda p: (p["queue_id"], p["queue_offset"]))
 
+    late: set[int] = set()  # id() of late completions (left out of the order rules)
+    if pauses:
+        for recs in by_queue.values():
+            late |= _late_completions(recs, pauses, late_batch, late_window_ms)
+        report.late_completions = len(late)
     allowed_replay: set[int] = set()  # id() of records that are allowed replays
     bad: dict[int, str] = {}  # id() of records -> violation text
+    samples = committed_samples or {}
     for q, recs in sorted(by_queue.items()):
-        _walk_queue(q, recs, acked_offsets.get(q, []), crash_time, committed or {}, report, allowed_replay, bad)
+        q_crashes = [c for c in crashes if c.broker == q[1]]
+        q_samples = sorted(samples.get(q, ()))
+        _walk_queue(q, [r for r in recs if id(r) not in late], acked_offsets.get(q, []), crash_times,
+                    committed or {}, report, allowed_replay, bad, q_crashes, q_samples, broker_replay_window_ms)
+    for q, qs in sorted(samples.items()):
+        _check_monotonic(q, sorted(qs), [c for c in crashes if c.broker == q[1]], report)
 
-    _check_keys(consumed, produced, key_seqs, allowed_replay, bad, report)
+    _check_keys([c for c in consumed if id(c[3]) not in late], produced, key_seqs, allowed_replay, bad, report)
     report.takeovers = _takeovers(stops, by_queue)
     return report
 
 
-def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_time: Mapping[str, int],
-                committed: Mapping[Queue, int], report: Report, allowed_replay: set[int], bad: dict[int, str]) -> None:
+def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batch: int, window_ms: int) -> set[int]:
+    """The records of one queue that complete, after SIGCONT, a batch a paused consumer had started before
+    SIGSTOP while another consumer took the queue over (module documentation)."""
+    out: set[int] = set()
+    for p in pauses:
+        before = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) <= p.stop_ms]
+        if not before:
+            continue
+        expected = int(before[-1]["queue_offset"]) + 1
+        after = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) >= p.cont_ms]
+        for r in after[:late_batch]:
+            t = int(r["consume_time"])
+            taken_over = any(x["client_id"] != p.client_id and p.stop_ms < int(x["consume_time"]) <= t for x in recs)
+            if t > p.cont_ms + window_ms or int(r["queue_offset"]) != expected or not taken_over:
+                break
+            out.add(id(r))
+            expected += 1
+    return out
+
+
+def _check_monotonic(q: Queue, samples: list[tuple[int, int]], crashes: list[BrokerCrash], report: Report) -> None:
+    """Within one broker lifetime, the committed offsets sampled over time never decrease."""
+    prev: tuple[int, int] | None = None
+    for t, off in samples:
+        if prev is not None and any(prev[0] <= c.time_ms <= t for c in crashes):
+            prev = None  # the broker restarted in between: it reloaded its persisted offsets
+        if prev is not None and off < prev[1]:
+            text = (f"{_qname(q)}: committed offset went back from {prev[1]} (at {prev[0]}) to {off} (at {t}) "
+                    "without a broker restart")
+            report.offset_regressions.append(text)
+            report.violations.append(text)
+        prev = (t, off)
+
+
+def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_times: Mapping[str, list[int]],
+                committed: Mapping[Queue, int], report: Report, allowed_replay: set[int], bad: dict[int, str],
+                broker_crashes: Sequence[BrokerCrash] = (), samples: Sequence[tuple[int, int]] = (),
+                broker_replay_window_ms: int = 20_000) -> None:
     import bisect
 
     frontier: int | None = None
     owner: str | None = None
     owner_start = 0  # offset the current owner started its ownership from
+    owner_since = 0  # and when
     prev_off: int | None = None
+    prev_time = 0
     in_replay = False
     replay: Replay | None = None
+    crash_used: set[int] = set()  # broker crashes that already started a replay on this queue
 
     def acked_between(lo: int, hi: int) -> bool:
         i = bisect.bisect_left(acked, lo)
         return i < len(acked) and acked[i] < hi
 
+    def crashed_between(client: str | None, lo: int, hi: int) -> bool:
+        return any(lo - STOP_TOLERANCE_MS <= s <= hi for s in crash_times.get(client or "", ()))
+
+    def sampled_floor(t: int) -> int:
+        since = max((c.time_ms for c in broker_crashes if c.time_ms < t), default=-1)
+        return max((off for ts, off in samples if since < ts < t), default=0)
+
+    def crash_floor(t: int) -> int:
+        """The committed floor of a replay at ``t`` after the owner crashed: where it started, unless the
+        broker restarted since (then what the broker had persisted), raised to the offsets sampled since."""
+        restarts = [c for c in broker_crashes if owner_since < c.time_ms < t]
+        base = (int(restarts[-1].persisted.get(q, 0)) if restarts
+                else max(owner_start, committed.get(q, owner_start)))
+        return max(base, sampled_floor(t))
+
+    def broker_crash_floor(t: int) -> tuple[int, int] | None:
+        """(index, floor) of a broker crash that may explain a redelivery at ``t``, None if none."""
+        for i, c in enumerate(broker_crashes):
+            if i not in crash_used and c.time_ms < t <= max(c.restart_ms, c.time_ms) + broker_replay_window_ms:
+                return i, int(c.persisted.get(q, 0))
+        return None
+
     for r in recs:
         o, c, t = int(r["queue_offset"]), str(r["client_id"]), int(r["consume_time"])
         owner_changed = c != owner
         if frontier is None:
-            frontier, owner, owner_start, prev_off = o + 1, c, o, o
+            frontier, owner, owner_start, owner_since, prev_off, prev_time = o + 1, c, o, t, o, t
             if acked and acked[0] < o:
                 _bad(bad, report, r, f"{_qname(q)}: consumption started at offset {o}, after acknowledged offset "
                                      f"{acked[0]}")
             continue
+        by_broker = broker_crash_floor(t) if o < frontier and not (in_replay and o == (prev_off or 0) + 1) else None
         if owner_changed:
-            in_replay = False
             previous, owner = owner, c
             assert previous is not None
             if o < frontier:
-                crashed_at = crash_time.get(previous)
-                if crashed_at is None or crashed_at > t:
-                    _bad(bad, report, r, f"{_qname(q)}: offsets {o}..{frontier - 1} consumed again by {c} after "
-                                         f"{previous} (which did not crash) had consumed them")
-                else:
-                    floor = max(owner_start, committed.get(q, owner_start))
+                if in_replay and prev_off is not None and o == prev_off + 1:
+                    allowed_replay.add(id(r))  # a replay handed over mid-way continues with the new owner
+                    report.replayed += 1
+                elif crashed_between(previous, prev_time, t) and (by_broker is None or o >= crash_floor(t)):
+                    in_replay = False
+                    floor = crash_floor(t)
                     if o < floor:
                         _bad(bad, report, r, f"{_qname(q)}: replay by {c} starts at offset {o}, below the committed "
                                              f"floor {floor}")
@@ -271,14 +411,37 @@ def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_ti
                         replay = Replay(q, previous, c, o, frontier, floor)
                         report.replays.append(replay)
                         report.replayed += 1
-            elif o > frontier and acked_between(frontier, o):
-                _bad(bad, report, r, f"{_qname(q)}: {c} took over at offset {o}, skipping acknowledged offsets from "
-                                     f"{frontier}")
-            owner_start = o
+                elif by_broker is not None:
+                    in_replay = _broker_replay(q, r, previous, frontier, by_broker, crash_used, report,
+                                               allowed_replay, bad)
+                else:
+                    in_replay = False
+                    _bad(bad, report, r, f"{_qname(q)}: offsets {o}..{frontier - 1} consumed again by {c} after "
+                                         f"{previous} (which did not crash) had consumed them")
+            else:
+                in_replay = False
+                if o > frontier and acked_between(frontier, o):
+                    _bad(bad, report, r, f"{_qname(q)}: {c} took over at offset {o}, skipping acknowledged offsets "
+                                         f"from {frontier}")
+            owner_start, owner_since = o, t
         elif o < frontier:
             if in_replay and prev_off is not None and o == prev_off + 1:
                 allowed_replay.add(id(r))
                 report.replayed += 1
+            elif crashed_between(c, prev_time, t) and (by_broker is None or o >= crash_floor(t)):
+                # a paused consumer whose lock lapsed starts again from the committed offset
+                floor = crash_floor(t)
+                if o < floor:
+                    _bad(bad, report, r, f"{_qname(q)}: replay by {c} after its pause starts at offset {o}, below "
+                                         f"the committed floor {floor}")
+                    in_replay = False
+                else:
+                    in_replay = True
+                    allowed_replay.add(id(r))
+                    report.replays.append(Replay(q, c, c, o, frontier, floor))
+                    report.replayed += 1
+            elif by_broker is not None:
+                in_replay = _broker_replay(q, r, c, frontier, by_broker, crash_used, report, allowed_replay, bad)
             else:
                 _bad(bad, report, r, f"{_qname(q)}: {c} consumed offset {o} again (frontier {frontier}, previous "
                                      f"{prev_off})")
@@ -287,7 +450,24 @@ def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_ti
         if o >= frontier:
             in_replay = False
         frontier = max(frontier, o + 1)
-        prev_off = o
+        prev_off, prev_time = o, t
+
+
+def _broker_replay(q: Queue, r: dict[str, Any], previous: str, frontier: int, by_broker: tuple[int, int],
+                   crash_used: set[int], report: Report, allowed_replay: set[int], bad: dict[int, str]) -> bool:
+    """A redelivery explained by a broker crash (stale persisted offsets): allowed from the persisted floor."""
+    o, c = int(r["queue_offset"]), str(r["client_id"])
+    index, floor = by_broker
+    crash_used.add(index)
+    if o < floor:
+        _bad(bad, report, r, f"{_qname(q)}: replay by {c} after the broker restart starts at offset {o}, below the "
+                             f"offset it had persisted ({floor})")
+        return False
+    allowed_replay.add(id(r))
+    report.replays.append(Replay(q, previous, c, o, frontier, floor))
+    report.replayed += 1
+    report.broker_replays += 1
+    return True
 
 
 def _check_keys(consumed: list[tuple[int, int, int, dict[str, Any]]], produced: Mapping[str, dict[str, Any]],
@@ -337,7 +517,7 @@ def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]]
             after = next((r for r in recs if int(r["consume_time"]) >= s.time_ms and r["client_id"] != s.client_id),
                          None)
             out.append(Takeover(s.client_id, q, s.graceful, after["client_id"] if after else None,
-                                int(after["consume_time"]) - s.time_ms if after else None))
+                                int(after["consume_time"]) - s.time_ms if after else None, s.kind))
     return out
 
 

@@ -293,6 +293,7 @@ async def test_blocked_gauge_running_info_and_skip_over_the_wire(broker_factory:
             assert 'trimq_consumer_consumed_messages_total{group="orderly_blocked",result="failed"' in text
         [dead] = await env.dlq(group)
         assert dead["keys"] == "k1"
+        assert dead["skippedBy"].startswith("admin via ")  # an operator's skip, told from an exhausted retry
         assert seen.count("m2") == 1 and seen[-1] == "m2"
         assert await env.admin.api.query_consumer_offset(env.addr, group, env.mq(0)) == 3
 

@@ -103,9 +103,30 @@ def test_fencing_does_not_renew_the_lock(om: ConsumerOffsetManager, locks: Rebal
     locks.try_lock(G, mq(0), "owner")
     clock.now += 60_000
     assert not om.commit_offset(G, T, 0, 1, "paused", source="update")
-    clock.now += 1  # the owner's lock lapses: a check must not have renewed it
-    assert om.commit_offset(G, T, 0, 1, "paused", source="update")
+    clock.now += 1  # the owner's lock lapses: a check must not have renewed it, so another client can take it
+    assert locks.try_lock_detailed(G, mq(0), "next").name == "STOLEN"
+    assert om.commit_offset(G, T, 0, 1, "next", source="update")
     assert om.fenced_updates[G] == 1
+
+
+def test_between_owners_only_the_last_holder_may_commit(om: ConsumerOffsetManager, locks: RebalanceLockManager,
+                                                        clock: FakeClock) -> None:
+    # Found by the chaos suite: c3 released a queue gracefully (committing 1799) and, before its next owner
+    # locked it, a consumer resuming from SIGSTOP persisted its stale 1484 — accepted, since nobody held a live
+    # lock — and the next owner consumed 1484..1798 again.
+    assert om.commit_offset(G, T, 0, 5, "anyone", source="update")  # never locked: anyone may
+    locks.try_lock(G, mq(0), "c3")
+    assert om.commit_offset(G, T, 0, 1799, "c3", source="update")
+    locks.unlock_batch(G, [mq(0)], "c3")
+    assert not om.commit_offset(G, T, 0, 1484, "zombie", source="update")
+    assert not om.commit_offset(G, T, 0, 1484, "zombie", source="pull")
+    assert om.query_offset(G, T, 0) == 1799 and om.fenced_updates[G] == 2
+    assert om.commit_offset(G, T, 0, 1800, "c3", source="update")  # the last holder still may (late persist)
+    locks.try_lock(G, mq(0), "c1")  # the next owner locks first, then commits
+    assert om.commit_offset(G, T, 0, 1810, "c1", source="update")
+    clock.now += 120_000  # its lock lapses: still c1's offset until someone else locks the queue
+    assert not om.commit_offset(G, T, 0, 3, "c3", source="update")
+    assert om.commit_offset(G, T, 0, 1811, "c1", source="update")
 
 
 def test_not_orderly_groups_are_not_fenced(om: ConsumerOffsetManager, locks: RebalanceLockManager) -> None:
@@ -236,3 +257,17 @@ def test_load_refuses_a_file_that_is_not_an_offset_table(tmp_path: Path, content
     with pytest.raises(error) as exc:
         ConsumerOffsetManager(str(path)).load()
     assert str(path) in str(exc.value)
+
+
+def test_stale_pull_commit_never_rewinds(om: ConsumerOffsetManager, locks: RebalanceLockManager) -> None:
+    # Found by the chaos suite: a long-poll carrying commit offset 582 was applied after the same client's
+    # UPDATE_CONSUMER_OFFSET of 594 (the broker runs a connection's requests as concurrent tasks), and the
+    # queue's next owner consumed 582..593 again.
+    assert locks.try_lock(G, mq(0), "owner")
+    assert om.commit_offset(G, T, 0, 594, "owner", source="update")
+    assert om.commit_offset(G, T, 0, 582, "owner", source="pull")  # accepted, ignored
+    assert om.query_offset(G, T, 0) == 594 and om.stale_pull_commits == 1
+    assert om.commit_offset(G, T, 0, 600, "owner", source="pull")
+    assert om.query_offset(G, T, 0) == 600
+    assert om.commit_offset(G, T, 0, 100, "owner", source="update")  # explicit updates may still rewind
+    assert om.query_offset(G, T, 0) == 100

@@ -175,3 +175,9 @@ def test_truncated_stream_is_an_error_never_a_crash(bodies: list[bytes], cut: in
     assert [m.body for m in iter_records(raw)] == bodies
     with pytest.raises(RecordError):
         list(iter_records(raw[: len(raw) - cut]))
+
+
+def test_text_without_a_utf8_form_is_a_record_error() -> None:
+    # Found by a hypothesis run: a lone surrogate raised UnicodeEncodeError instead of RecordError.
+    with pytest.raises(RecordError, match="not valid text"):
+        encode_record(topic="T", body=b"", queue_id=0, queue_offset=0, physical_offset=0, properties="K\x01\ud800\x02")

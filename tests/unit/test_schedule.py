@@ -222,3 +222,17 @@ def test_resend_marks_compact_into_an_offset(marks: list[int]) -> None:
         assert state.is_resent(q) == (q in marks)
     assert all(q >= state.offset for q in state.resent)
     assert state.offset not in state.resent
+
+
+def test_send_back_marks_an_operators_skip_on_the_dead_letter_only() -> None:
+    from broker.processors.retry import build_send_back_properties
+    from protocol.message import MessageConst
+    from protocol.record import decode_record, encode_record
+
+    msg = decode_record(encode_record(topic="T", body=b"b", queue_id=0, queue_offset=0, physical_offset=0))
+    dead = build_send_back_properties(msg, "g", delay_level=-1, max_reconsume_times=16, retry_queue_id=0,
+                                      skipped_by="admin via 127.0.0.1:1")
+    assert dead.dead_letter and dead.properties[MessageConst.SKIPPED_BY] == "admin via 127.0.0.1:1"
+    retry = build_send_back_properties(msg, "g", delay_level=0, max_reconsume_times=16, retry_queue_id=0,
+                                       skipped_by="ignored")
+    assert not retry.dead_letter and MessageConst.SKIPPED_BY not in retry.properties

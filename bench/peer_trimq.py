@@ -1,0 +1,417 @@
+"""trimq as a peer of the shared ordered-workload benchmark (``../shared/bench/peers``).
+
+Same interface as the harness's ``peer_redis.py`` (``add_args``, ``version``, ``start_server``, ``setup``,
+``produce``, ``consume``; ``setup``/``produce``/``consume`` are asyncio coroutines that run the trio SDK in a
+worker thread), so the same workload runs on trimq and on Redis Streams in one run (``bench.peer_bench``).
+
+* Server: ``trimq-broker --embedded-namesrv`` on 127.0.0.1, ASYNC_FLUSH (fsync at least every 500 ms: the
+  durability class of Redis ``appendfsync everysec``), a fresh store per run, stopped by PID.
+* Topic ``Orders`` with ``--queues`` queues, created by UPDATE_AND_CREATE_TOPIC before the run.
+* Producer: a real :class:`client.Producer`. Each window of ``--batch`` messages (the harness's "send 100,
+  wait for 100 replies" barrier) is split by queue (``crc32(key) % queues``, order kept within each queue)
+  and sent as one SEND_BATCH_MESSAGE per queue with ``Producer.send_batches`` (pipelined: all requests in
+  one write, like the Redis peer's pipeline of XADDs); the next window starts when every batch of this one
+  is acknowledged. Per-key order holds: a key always maps to one queue, and a window
+  never starts before the previous one is stored.
+* Consumers: real :class:`client.PushConsumer` processes in one group with an ``async def`` orderly
+  listener. The group's rebalance (AVG strategy) splits the queues and the broker's queue locks keep one
+  owner per queue; each consumer records which queues it got. A consumer starts with pulling paused and
+  calls ``ready`` once the group has all its members and its share of queues is locked, then resumes —
+  the steady-state benchmark measures consumption, not the first rebalance (``bench.takeover`` measures
+  takeovers). The pull loops resume when every member is ready (the ``c*.ready`` files of the run).
+* Diagnostics: ``TRIMQ_BENCH_SAMPLE=dir`` samples every process's CPU by stack (bench/sampler.py),
+  ``TRIMQ_BENCH_PROFILE=dir`` runs them under cProfile (CPU time), ``--trimq-rate`` paces the producer.
+
+Settings (ordinary user settings, not benchmark-only switches; see bench/RESULTS.md):
+``pull_batch_size`` / ``consume_message_batch_max_size`` (``--trimq-pull-batch``, ``--trimq-consume-batch``)
+and the broker's ``max_transfer_count_on_message_in_memory`` (``--trimq-max-transfer``, RocketMQ's
+``maxTransferCountOnMessageInMemory``) which caps what one pull returns; ``--trimq-pull-interval`` sets
+``pull_interval``. While paused before the start, ``pull_time_delay_mills_when_suspend`` is 10 ms so the
+loops resume promptly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from typing import Any
+
+HOST = "127.0.0.1"
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOPIC = "Orders"
+GROUP = "bench_orderly"
+PRODUCER_GROUP = "bench_producer"
+
+
+def add_args(p: Any) -> None:
+    g = p.add_argument_group("trimq")
+    g.add_argument("--trimq-port", type=int, default=0, help="broker port (0: pick a free one)")
+    g.add_argument("--trimq-flush", default="async", choices=["async", "sync"], help="broker flush mode")
+    g.add_argument("--trimq-pull-batch", type=int, default=256, help="consumer pull_batch_size")
+    g.add_argument("--trimq-consume-batch", type=int, default=64,
+                   help="consumer consume_message_batch_max_size (messages per listener call)")
+    g.add_argument("--trimq-pull-interval", type=int, default=0,
+                   help="consumer pull_interval, ms (pause between two pulls of a queue: bigger batches, more latency)")
+    g.add_argument("--trimq-max-transfer", type=int, default=256,
+                   help="broker max_transfer_count_on_message_in_memory (most messages one pull returns)")
+    g.add_argument("--trimq-max-transfer-kib", type=int, default=1024,
+                   help="broker max_transfer_bytes_on_message_in_memory, KiB")
+    g.add_argument("--trimq-rate", type=int, default=0,
+                   help="diagnostics: pace the producer at this many msgs/s (0: as fast as it can, the benchmark)")
+    g.add_argument("--trimq-pause-until-ready", type=int, default=1,
+                   help="1: consumers pull only once the whole group holds its queues (steady state)")
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import version as v
+
+        return f"trimq {v('trimq')} (Python {sys.version.split()[0]})"
+    except Exception:
+        return "trimq (dev)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _broker_exe() -> list[str]:
+    exe = shutil.which("trimq-broker", path=os.path.dirname(sys.executable))
+    if exe:
+        return [exe]
+    return [sys.executable, "-c", "from broker.cli import main; main()"]
+
+
+class _maybe_sampled:
+    """With ``TRIMQ_BENCH_SAMPLE=dir``: sample the stack on process CPU time while the block runs; trio then
+    runs in the main thread (``as inline`` is True), where Python runs signal handlers, so a sample lands on
+    whatever Python code holds the CPU (a sampler in another thread would only ever see the GIL released)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sampler: Any = None
+
+    def __enter__(self) -> bool:
+        if os.environ.get("TRIMQ_BENCH_SAMPLE"):
+            import threading
+
+            from bench.sampler import CpuSampler
+
+            self.sampler = CpuSampler(threading.get_ident()).__enter__()
+            return True
+        return False
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sampler is not None:
+            self.sampler.__exit__()
+            d = os.environ["TRIMQ_BENCH_SAMPLE"]
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, f"{self.name}-{os.getpid()}.txt"), "w") as f:
+                f.write(self.sampler.report(60))
+
+
+def broker_addr(args: Any) -> str:
+    return f"{HOST}:{args.trimq_port}"
+
+
+def broker_env(args: Any) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TRIMQ_MAX_TRANSFER_COUNT_ON_MESSAGE_IN_MEMORY"] = str(args.trimq_max_transfer)
+    env["TRIMQ_MAX_TRANSFER_BYTES_ON_MESSAGE_IN_MEMORY"] = str(args.trimq_max_transfer_kib * 1024)
+    return env
+
+
+def start_server(workdir: str, args: Any) -> Any:
+    """Start ``trimq-broker --embedded-namesrv`` on loopback with a fresh store; returns a harness Server."""
+    from common import Server, wait_port  # the harness's (shared/bench/peers/common.py)
+
+    os.makedirs(workdir, exist_ok=True)
+    if not args.trimq_port:
+        args.trimq_port = _free_port()
+    cmd = [
+        *_broker_exe(), "--listen", broker_addr(args), "--store", os.path.join(workdir, "store"),
+        "--embedded-namesrv", "--flush", args.trimq_flush, "--log-level", "warning", "--log-format", "json",
+    ]
+    prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
+    sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
+    if sample_dir:
+        out = os.path.join(sample_dir, "broker.txt")
+        cmd = [sys.executable, "-c", "import sys; out = sys.argv[1]; sys.argv = ['trimq-broker'] + sys.argv[2:]; "
+               "from bench.sampler import CpuSampler; import threading; from broker.cli import main; "
+               "s = CpuSampler(threading.get_ident()).__enter__()\n"
+               "try: main(standalone_mode=False)\nfinally:\n s.__exit__(); open(out, 'w').write(s.report(70))",
+               out, *cmd[len(_broker_exe()):]]
+    elif prof_dir:
+        out = os.path.join(prof_dir, "broker.prof")
+        cmd = [sys.executable, "-c", "import cProfile, sys, time; out = sys.argv[1]; sys.argv = ['trimq-broker'] + "
+               "sys.argv[2:]; from broker.cli import main; p = cProfile.Profile(time.process_time); "
+               "p.runcall(main, standalone_mode=False); p.dump_stats(out)",
+               out, *cmd[len(_broker_exe()):]]
+    srv = Server("trimq", cmd, env=broker_env(args), log=os.path.join(workdir, "server.log"), cwd=str(_REPO))
+    if not wait_port(HOST, args.trimq_port, 30):
+        srv.stop()
+        raise RuntimeError(f"trimq-broker did not start (see {workdir}/server.log)")
+    return srv
+
+
+def _quiet_logs() -> None:
+    from protocol.logs import configure_logging
+
+    configure_logging("json", "warning")
+
+
+# ---------------------------------------------------------------------------------------------- setup
+
+async def setup(args: Any) -> None:
+    await asyncio.to_thread(_run_trio, _setup_trio, args)
+
+
+def _run_trio(fn: Any, *a: Any) -> Any:
+    import trio
+
+
+    prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
+    if not prof_dir:
+        return trio.run(fn, *a)
+    # cProfile sees only the thread it runs in: profile the trio thread itself
+    import cProfile
+
+    prof = cProfile.Profile(time.thread_time)  # CPU time: wall time would count waiting for a core
+    try:
+        return prof.runcall(trio.run, fn, *a)
+    finally:
+        os.makedirs(prof_dir, exist_ok=True)
+        prof.dump_stats(os.path.join(prof_dir, f"{fn.__name__}-{os.getpid()}.prof"))
+
+
+async def _setup_trio(args: Any) -> None:
+    import trio
+
+    from client.api import MQClientAPI
+    from client.remoting import RemotingClient
+
+    _quiet_logs()
+    addr = broker_addr(args)
+    async with RemotingClient() as rc:
+        api = MQClientAPI(rc)
+        await api.create_topic(addr, TOPIC, read_queue_nums=args.queues, write_queue_nums=args.queues)
+        # the broker registers the new topic with its (embedded) name server: wait until the route shows it
+        with trio.fail_after(30):
+            while True:
+                try:
+                    route = await api.get_topic_route(addr, TOPIC)
+                    if len(route.publish_queues(TOPIC)) == args.queues:
+                        return
+                except Exception:
+                    pass
+                await trio.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------------------- producer
+
+async def produce(args: Any, work: list[tuple[int, str, int, int]], maker: Any) -> dict[str, Any]:
+    with _maybe_sampled("produce") as inline:
+        if inline:
+            return _run_trio(_produce_trio, args, work, maker)
+        return await asyncio.to_thread(_run_trio, _produce_trio, args, work, maker)
+
+
+async def _produce_trio(args: Any, work: list[tuple[int, str, int, int]], maker: Any) -> dict[str, Any]:
+    import trio
+
+    from client import Message, Producer, ProducerConfig
+
+    _quiet_logs()
+    cfg = ProducerConfig(producer_group=PRODUCER_GROUP, namesrv_addr=broker_addr(args))
+    per_queue: dict[int, int] = {}
+    batches = 0
+    async with Producer(cfg) as producer:
+        mqs = {mq.queue_id: mq for mq in await producer.message_queues(TOPIC)}
+        make = maker.make
+        send_batches = producer.send_batches
+
+        t0 = time.perf_counter()
+        step = args.batch
+        pace = step / args.trimq_rate if args.trimq_rate else 0.0
+        next_t = trio.current_time()
+        for i in range(0, len(work), step):
+            if pace:
+                next_t += pace
+                await trio.sleep_until(next_t)
+            by_q: dict[int, list[Any]] = {}
+            for gid, key, seq, q in work[i:i + step]:
+                lst = by_q.get(q)
+                if lst is None:
+                    lst = by_q[q] = []
+                lst.append(Message(TOPIC, make(gid, key, seq)))
+            await send_batches([(msgs, mqs[q]) for q, msgs in by_q.items()])
+            for q, msgs in by_q.items():
+                per_queue[q] = per_queue.get(q, 0) + len(msgs)
+            batches += len(by_q)
+        t1 = time.perf_counter()
+    n = sum(per_queue.values())
+    # the consumers read ``per_queue`` (in producer.json) to know when every queue they hold is consumed
+    return dict(sent=n, seconds=t1 - t0, requests=batches, per_queue={str(q): c for q, c in sorted(per_queue.items())})
+
+
+# ---------------------------------------------------------------------------------------------- consumers
+
+def consumer_config(args: Any, cid: int) -> Any:
+    from client import PushConsumerConfig
+
+    return PushConsumerConfig(
+        consumer_group=GROUP, namesrv_addr=broker_addr(args), instance_name=f"c{cid}-{os.getpid()}",
+        consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+        pull_batch_size=args.trimq_pull_batch,
+        consume_message_batch_max_size=args.trimq_consume_batch,
+        pull_time_delay_mills_when_suspend=10,
+        pull_interval=args.trimq_pull_interval,
+    )
+
+
+def _produced_per_queue(args: Any) -> dict[int, int] | None:
+    """Messages per queue as the producer reports them (``producer.json`` of the run), once it finished."""
+    outdir = getattr(args, "outdir", None)
+    if not outdir:
+        return None
+    try:
+        with open(os.path.join(outdir, "producer.json")) as f:
+            per_queue = json.load(f).get("per_queue")
+    except (OSError, ValueError):
+        return None
+    return {int(q): int(c) for q, c in per_queue.items()} if per_queue else None
+
+
+def expected_per_queue(args: Any) -> dict[int, int]:
+    """Messages per queue of the harness's workload (``common.gen_workload``: one ``randrange(keys)`` per
+    message, routed by key), without building the whole workload."""
+    import random
+
+    from common import key_name, route
+
+    rng = random.Random(args.seed)
+    per_key = [0] * args.keys
+    draw = rng.randrange
+    for _ in range(args.messages):
+        per_key[draw(args.keys)] += 1
+    out: dict[int, int] = {}
+    for k, n in enumerate(per_key):
+        if n:
+            q = route(key_name(k), args.queues)
+            out[q] = out.get(q, 0) + n
+    return out
+
+
+async def consume(args: Any, cid: int, queues: Any, rec: Any, ready: Any) -> None:
+    """Consume as one member of the group until every queue it holds is consumed to the end of the workload
+    (or ``--consumer-idle-s`` without a message, or the deadline). ``queues`` (the harness's static split) is
+    ignored: the rebalance decides; ``rec.expected`` is set from the queues actually held."""
+    with _maybe_sampled(f"consume{cid}") as inline:
+        if inline:
+            _run_trio(_consume_trio, args, cid, rec, ready)
+        else:
+            await asyncio.to_thread(_run_trio, _consume_trio, args, cid, rec, ready)
+
+
+async def _consume_trio(args: Any, cid: int, rec: Any, ready: Any) -> None:
+    import trio
+
+    from client import ConsumeOrderlyStatus, PushConsumer
+
+    _quiet_logs()
+    # Messages per queue, to know when the queues held are consumed: from the producer's report when the run
+    # has one (it appears when the producer is done), else computed from the workload.
+    per_queue: dict[int, int] | None = None if getattr(args, "outdir", None) else expected_per_queue(args)
+    consumer = PushConsumer(consumer_config(args, cid))
+    consumer.subscribe(TOPIC, "*")
+    on_message = rec.on_message
+    success = ConsumeOrderlyStatus.SUCCESS
+
+    async def listener(msgs: list[Any], context: Any) -> Any:
+        for m in msgs:
+            on_message(m.body)
+        return success
+
+    consumer.register_message_listener_orderly(listener)
+    info: dict[str, Any] = {"assignments": [], "client_id": None}
+    rec.peer_info = info
+    pause = bool(args.trimq_pause_until_ready)
+    n_members_goal = args.consumers
+
+    def held() -> list[int]:
+        return sorted(mq.queue_id for mq, pq in consumer.process_queue_table().items()
+                      if mq.topic == TOPIC and (pq.locked or not consumer.consume_orderly))
+
+    async with trio.open_nursery() as nursery:
+        if pause:
+            async def pause_early() -> None:
+                # Pause pulling as soon as the consumer core exists (before its first rebalance pulls).
+                while consumer.core is None:
+                    await trio.sleep(0)
+                consumer.suspend()
+
+            nursery.start_soon(pause_early)
+        async with consumer:
+            info["client_id"] = consumer.client_id
+            assert consumer.core is not None
+            instance = consumer.instance
+            assert instance is not None
+            share_lo = args.queues // n_members_goal
+            share_hi = share_lo + (1 if args.queues % n_members_goal else 0)
+            # wait for the steady assignment: all members present, our share held and locked
+            deadline = trio.current_time() + 60
+            last: list[int] = []
+            while trio.current_time() < deadline:
+                ids = await instance.find_consumer_id_list(TOPIC, GROUP) or []
+                last = held()
+                if len(ids) >= n_members_goal and share_lo <= len(last) <= share_hi:
+                    break
+                await trio.sleep(0.02)
+            info["assignments"].append({"t_ns": time.time_ns(), "queues": last})
+            info["steady_queues"] = last
+            ready()
+            if pause:
+                # every member of the group starts pulling at once, as the harness's static consumers do
+                outdir = getattr(args, "outdir", None)
+                until = time.monotonic() + 10
+                while outdir and time.monotonic() < until and not all(
+                        os.path.exists(os.path.join(outdir, f"c{c}.ready")) for c in range(args.consumers)):
+                    await trio.sleep(0.005)
+                consumer.resume()
+            end = time.monotonic() + args.deadline_s
+            checked = 0.0
+            while time.monotonic() < end:
+                await trio.sleep(0.02)
+                now_held = held()
+                if now_held != last:
+                    last = now_held
+                    info["assignments"].append({"t_ns": time.time_ns(), "queues": last})
+                if rec.received and time.monotonic() - rec.last_activity > args.consumer_idle_s:
+                    info["stopped"] = "idle"
+                    break
+                if per_queue is None and time.monotonic() - checked > 0.1:
+                    checked = time.monotonic()
+                    per_queue = _produced_per_queue(args)
+                if per_queue is not None:
+                    rec.expected = sum(per_queue.get(q, 0) for q in last)
+                    if last and _all_consumed(consumer, last, per_queue):
+                        info["stopped"] = "done"
+                        break
+            info["final_queues"] = last
+            info["pull"] = dict(consumer.core.pull_service.stats)
+        nursery.cancel_scope.cancel()
+
+
+def _all_consumed(consumer: Any, queues: list[int], per_queue: dict[int, int]) -> bool:
+    """Every queue held has its committed offset at the end of the workload (consumed here or before)."""
+    assert consumer.core is not None
+    table = consumer.core.offset_store.clone_offset_table(TOPIC)
+    got = {mq.queue_id: off for mq, off in table.items()}
+    return all(got.get(q, -1) >= per_queue.get(q, 0) for q in queues)

@@ -17,13 +17,18 @@ log = get_logger("trimq.namesrv.cli")
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9876; port 0 = any free port).")
 @click.option("--metrics-port", type=int, help="Prometheus metrics port (0 = off).")
+@click.option("--tls-cert", "tls_cert_file", help="PEM certificate to serve TLS with (docs/SECURITY.md).")
+@click.option("--tls-key", "tls_key_file", help="PEM private key of --tls-cert (if not in that file).")
+@click.option("--tls-ca", "tls_ca_file", help="PEM CA bundle verifying client certificates.")
+@click.option("--tls-require-client-cert", is_flag=True, default=None, help="Mutual TLS: require client certificates.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file ([namesrv] section).")
 @click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def main(listen: str | None, metrics_port: int | None, config_file: str | None, print_config: bool, log_format: str,
-         log_level: str) -> None:
+def main(listen: str | None, metrics_port: int | None, tls_cert_file: str | None, tls_key_file: str | None,
+         tls_ca_file: str | None, tls_require_client_cert: bool | None, config_file: str | None, print_config: bool,
+         log_format: str, log_level: str) -> None:
     """Run a trimq name server: brokers register here, clients ask it for topic routes.
 
     Settings come from defaults, then --config FILE (TOML, [namesrv] section), then TRIMQ_NAMESRV_*
@@ -36,7 +41,11 @@ def main(listen: str | None, metrics_port: int | None, config_file: str | None, 
     configure_logging(log_format, log_level)
     try:
         config = load_settings(NamesrvConfig, config_file=config_file, env_prefix="TRIMQ_NAMESRV_",
-                               overrides={"listen": listen, "metrics_port": metrics_port}, section="namesrv")
+                               overrides={"listen": listen, "metrics_port": metrics_port,
+                                          "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file,
+                                          "tls_ca_file": tls_ca_file,
+                                          "tls_require_client_cert": tls_require_client_cert},
+                               section="namesrv")
     except ConfigError as exc:
         click.echo(f"trimq-namesrv: invalid configuration: {exc}", err=True)
         sys.exit(2)

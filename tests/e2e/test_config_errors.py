@@ -153,6 +153,10 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
                   env={"TRIMQ_NAMESRV_METRICS_PORT": "1002", "TRIMQ_NAMESRV_MAX_CONNECTIONS": "12"})
     assert (n["shutdown_grace_ms"], n["max_connections"], n["metrics_port"]) == (111, 12, 1003)
     assert n["scan_not_active_broker_interval_ms"] == 10_000
+    t = effective("trimq-namesrv", "--tls-cert", "/c.pem", "--tls-ca", "/ca.pem", "--tls-require-client-cert",
+                  env={"TRIMQ_NAMESRV_TLS_KEY_FILE": "/k.pem"})
+    assert (t["tls_cert_file"], t["tls_key_file"], t["tls_ca_file"], t["tls_require_client_cert"]) == (
+        "/c.pem", "/k.pem", "/ca.pem", True)
 
 
 def test_consumer_refuses_bad_configuration(tmp_path: Path) -> None:

@@ -49,7 +49,10 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int, *, ta
             elif line[1].split("?")[0] not in ("/metrics", "/"):
                 resp = _response("404 Not Found", b"see /metrics\n")
             else:
-                resp = _response("200 OK", render(registry), CONTENT_TYPE_LATEST)
+                try:
+                    resp = _response("200 OK", render(registry), CONTENT_TYPE_LATEST)
+                except Exception as exc:  # a broken collector must not take the daemon down with it
+                    resp = _response("500 Internal Server Error", f"metrics collection failed: {exc}\n".encode())
             try:
                 await stream.send_all(resp)
             except (trio.BrokenResourceError, trio.ClosedResourceError):

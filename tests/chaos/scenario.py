@@ -1,0 +1,661 @@
+"""The chaos scenario: a whole trimq cluster as real processes, a seeded schedule of failures, and a verdict.
+
+Processes (every one started through its command-line tool, logs under the work directory): one
+``trimq-namesrv``; two brokers ``broker-a`` and ``broker-b`` (``--flush sync``); a topic with
+``queues_per_broker`` queues on each; three orderly consumers ``c1``..``c3`` of one group (``--orderly
+--record``); one orderly producer (``--orderly --record --rate``).
+
+The schedule (:func:`make_schedule`, a pure function of the seed and :class:`ChaosSettings`) is a sequence
+of events, each followed by ``settle_s`` of calm:
+
+* ``kill_consumer``: SIGKILL a consumer, start a new one in its slot (a new pid, so a new client id)
+  ``duration_s`` later;
+* ``pause_consumer``: SIGSTOP a consumer for ``duration_s`` — longer than its queue locks live (broker
+  ``rebalance_lock_max_live_time_ms``) and than the broker's ``channel_expired_timeout_ms``, so the group
+  drops it and another member takes its queues over — then SIGCONT;
+* ``kill_broker``: SIGKILL a broker, read the consumer offsets it had persisted
+  (``STORE/config/consumerOffset.json``: what it will reload), restart it ``duration_s`` later on the same
+  store and port; it registers with the name server again.
+
+Meanwhile a sampler thread reads every broker's committed offsets of the group (GET_CONSUME_STATS) and its
+fenced-update counter (GET_LOCK_TABLE) every ``sample_interval_s``. After the producer finished and every
+acknowledged message was consumed (or a timeout), the consumers stop gracefully and
+tests/e2e/checker.py judges the record files with the stops, pauses, broker crashes and offset samples
+(see :func:`tests.e2e.checker.check`): no acknowledged message lost, per-key order except for allowed
+replays, replays never below the committed floor, late completions of a paused consumer bounded, committed
+offsets never going backwards within a broker's lifetime.
+
+Lock lifetimes are shortened so a run takes seconds (:data:`BROKER_SETTINGS`, :data:`CONSUMER_SETTINGS`).
+Run by hand: ``python -m tests.chaos.scenario --seed 7 [--long] [--keep DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.checker import BrokerCrash, Pause, Report, Stop, check, read_records
+
+__all__ = [
+    "BROKER_SETTINGS",
+    "CONSUMER_SETTINGS",
+    "LONG",
+    "SHORT",
+    "ChaosResult",
+    "ChaosSettings",
+    "Event",
+    "make_schedule",
+    "run_scenario",
+]
+
+BIN = Path(os.path.dirname(sys.executable))
+TOPIC = "ChaosOrders"
+GROUP = "chaos_orderly"
+BROKERS = ("broker-a", "broker-b")
+SLOTS = ("c1", "c2", "c3")
+
+#: Broker settings (``TRIMQ_*``): locks live 3 s instead of 60 s; a silent client leaves after 2 s (it
+#: heartbeats every 0.5 s) instead of 120 s, looked for every 0.2 s; offsets persisted every second.
+BROKER_SETTINGS: dict[str, Any] = {
+    "rebalance_lock_max_live_time_ms": 3000,
+    "channel_expired_timeout_ms": 2000,
+    "client_housekeeping_interval_ms": 200,
+    "flush_consumer_offset_interval_ms": 1000,
+    "shutdown_grace_ms": 2000,
+}
+#: Consumer settings: renew locks every second and treat a lock unconfirmed for 2 s as lost (below the
+#: broker's 3 s), heartbeat every 0.5 s, poll routes every second, persist offsets every second, retry a
+#: failed pull after 0.5 s, unlock queues given away at once.
+CONSUMER_SETTINGS: dict[str, Any] = {
+    "rebalance_lock_interval": 1000,
+    "rebalance_lock_max_live_time": 2000,
+    "heartbeat_broker_interval": 500,
+    "poll_name_server_interval": 1000,
+    "persist_consumer_offset_interval": 1000,
+    "pull_time_delay_mills_when_exception": 500,
+    "rebalance_interval": 5000,
+    "unlock_delay_time_mills": 0,
+}
+PRODUCER_SETTINGS: dict[str, Any] = {"poll_name_server_interval": 1000}
+
+
+@dataclass(frozen=True)
+class ChaosSettings:
+    """What one scenario run does; :data:`SHORT` fits ``make test``, :data:`LONG` is ``make chaos``."""
+
+    consumer_kills: int = 1
+    consumer_pauses: int = 1
+    broker_kills: int = 1
+    first_event_s: float = 3.0  # after the producer started
+    jitter_s: float = 1.0  # random extra gap before each event
+    settle_s: float = 2.0  # calm after each event's end
+    kill_down_s: tuple[float, float] = (0.5, 2.0)  # a killed consumer's replacement starts after this
+    pause_s: tuple[float, float] = (5.5, 6.5)  # SIGSTOP .. SIGCONT
+    broker_down_s: tuple[float, float] = (1.0, 2.5)
+    tail_s: float = 2.0  # traffic after the last event settled
+    rate: float = 300.0  # messages per second
+    keys: int = 200
+    queues_per_broker: int = 4
+    inflight: int = 32
+    drain_timeout_s: float = 20.0  # after the producer finished, for the consumers to catch up
+    sample_interval_s: float = 0.15
+    overlap: bool = False  # events may overlap (see make_schedule)
+
+
+SHORT = ChaosSettings()
+LONG = ChaosSettings(consumer_kills=5, consumer_pauses=4, broker_kills=3, settle_s=2.0, jitter_s=4.0, rate=400.0,
+                     keys=500, drain_timeout_s=60.0, overlap=True)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One scheduled failure: ``at_s`` after the producer started, lasting ``duration_s``."""
+
+    at_s: float
+    kind: str  # kill_consumer | pause_consumer | kill_broker
+    target: str  # a consumer slot (c1..c3) or a broker name
+    duration_s: float
+
+    @property
+    def end_s(self) -> float:
+        return self.at_s + self.duration_s
+
+
+def make_schedule(seed: int, settings: ChaosSettings = SHORT) -> list[Event]:
+    """The events of a run: the kinds in a seeded order, each at a seeded time on a seeded target.
+
+    Without ``overlap`` the events come one after the other, each followed by ``settle_s`` of calm. With it
+    an event may start while earlier ones are still under way, on a target that is not: at most one broker
+    down at a time, and at least one consumer running.
+    """
+    rng = random.Random(seed)
+    kinds = (["kill_consumer"] * settings.consumer_kills + ["pause_consumer"] * settings.consumer_pauses
+             + ["kill_broker"] * settings.broker_kills)
+    rng.shuffle(kinds)
+    events: list[Event] = []
+    busy: dict[str, float] = {}  # target -> end of its event plus calm
+    t = settings.first_event_s
+    for kind in kinds:
+        t += rng.uniform(0, settings.jitter_s)
+        pool: tuple[str, ...]
+        if kind == "kill_broker":
+            pool, span = BROKERS, settings.broker_down_s
+        else:
+            pool, span = SLOTS, settings.kill_down_s if kind == "kill_consumer" else settings.pause_s
+        while True:
+            free = [x for x in pool if busy.get(x, 0.0) <= t]
+            enough = len(free) >= (1 if kind == "kill_broker" else 2) if settings.overlap else len(free) == len(pool)
+            if kind == "kill_broker" and len(free) < len(pool):
+                enough = False  # one broker at a time
+            if kind != "kill_broker" and len([x for x in SLOTS if busy.get(x, 0.0) <= t]) < 2:
+                enough = False  # keep a consumer running
+            if enough:
+                break
+            t = min(busy[x] for x in pool if busy.get(x, 0.0) > t)
+        target, dur = rng.choice(free), rng.uniform(*span)
+        events.append(Event(round(t, 2), kind, target, round(dur, 2)))
+        busy[target] = t + dur + settings.settle_s
+        if not settings.overlap:
+            t += dur + settings.settle_s
+            busy = {x: min(v, t) for x, v in busy.items()}
+    return events
+
+
+def traffic_seconds(events: list[Event], settings: ChaosSettings) -> float:
+    """How long the producer sends: past the last event's end, its calm and a tail."""
+    last = max((e.end_s for e in events), default=0.0)
+    return max(last + settings.settle_s + settings.tail_s, settings.first_event_s + settings.tail_s)
+
+
+@dataclass
+class ChaosResult:
+    """What a run did and the checker's verdict."""
+
+    seed: int
+    events: list[Event]
+    report: Report
+    produced: int = 0
+    producer_status: int | None = None
+    producer_summary: dict[str, Any] = field(default_factory=dict)
+    fenced_updates: int = 0
+    offset_samples: int = 0
+    broker_recovery_ms: dict[str, list[int | None]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # harness-level failures (timeouts, crashes)
+    wall_s: float = 0.0
+    workdir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and not self.problems
+
+    def text(self) -> str:
+        lines = [f"chaos seed {self.seed}: {len(self.events)} events, wall {self.wall_s:.1f} s, "
+                 f"work dir {self.workdir}"]
+        lines += [f"  event at {e.at_s:5.2f} s: {e.kind} {e.target} for {e.duration_s:.2f} s" for e in self.events]
+        s = self.producer_summary
+        lines.append(f"producer: exit {self.producer_status}, sent {s.get('sent')} failed {s.get('failed')} in "
+                     f"{s.get('elapsed_s')} s")
+        lines.append(f"offset samples: {self.offset_samples}; fenced offset updates (brokers' counters): "
+                     f"{self.fenced_updates}")
+        for b, vals in self.broker_recovery_ms.items():
+            lines.append(f"broker {b} SIGKILL -> first consumption on each of its queues: "
+                         f"{', '.join('-' if v is None else f'{v} ms' for v in vals)}")
+        lines.append(self.report.text())
+        lines += [f"PROBLEM: {p}" for p in self.problems]
+        if not self.ok:
+            lines.append(f"FAILED with seed {self.seed} (rerun: TRIMQ_CHAOS_SEED={self.seed}); first offending key: "
+                         f"{self.report.first_offending_key}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _env(settings: dict[str, Any]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")}
+    for k, v in settings.items():
+        env["TRIMQ_" + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
+    return env
+
+
+class _Proc:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], workdir: Path) -> None:
+        self.name = name
+        self.log = workdir / f"{name}.log"
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=workdir)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def log_event(self, event: str) -> dict[str, Any] | None:
+        for line in self.log_text().splitlines():
+            if f'"{event}"' in line:
+                with contextlib.suppress(ValueError):
+                    obj = json.loads(line)
+                    if obj.get("event") == event:
+                        return obj  # type: ignore[no-any-return]
+        return None
+
+    def wait_log_event(self, event: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = self.log_event(event)
+            if obj is not None:
+                return obj
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: no {event} within {timeout} s:\n{self.log_text()[-3000:]}")
+            time.sleep(0.05)
+
+
+class _Sampler(threading.Thread):
+    """Reads committed offsets and fenced-update counters from every live broker, in a background thread."""
+
+    def __init__(self, namesrv: str, interval_s: float) -> None:
+        super().__init__(name="chaos-sampler", daemon=True)
+        self.namesrv = namesrv
+        self.interval_s = interval_s
+        self.lock = threading.Lock()  # held around each broker call; a broker kill takes it first
+        self.addrs: dict[str, str | None] = {}
+        self.incarnation: dict[str, int] = defaultdict(int)
+        self.samples: dict[tuple[str, str, int], list[tuple[int, int]]] = defaultdict(list)
+        self.fenced: dict[tuple[str, int], int] = {}
+        self.errors = 0
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(10)
+
+    def run(self) -> None:
+        from client.config import ClientConfig
+        from client.instance import ClientInstance
+        from client.runner import TrioRunner
+
+        with TrioRunner(name="chaos-sampler-trio") as runner:
+            instance = runner.enter(ClientInstance(ClientConfig(namesrv_addr=self.namesrv)))
+            api = instance.api
+            while not self._halt.is_set():
+                for broker in BROKERS:
+                    with self.lock:
+                        addr = self.addrs.get(broker)
+                        if addr is None:
+                            continue
+                        try:
+                            stats = runner.call(lambda a=addr: api.get_consume_stats(a, GROUP, TOPIC, timeout_ms=1000))
+                            t = _wall_ms()
+                            locks = runner.call(lambda a=addr: api.get_lock_table(a, GROUP, timeout_ms=1000))
+                        except Exception:
+                            self.errors += 1
+                            continue
+                        for row in stats.get("offsetTable", []):
+                            off = int(row.get("consumerOffset", -1))
+                            if off >= 0:
+                                mq = row["mq"]
+                                self.samples[(mq["topic"], mq["brokerName"], int(mq["queueId"]))].append((t, off))
+                        fenced = int(locks.get("fencedUpdates", {}).get(GROUP, 0))
+                        key = (broker, self.incarnation[broker])
+                        self.fenced[key] = max(self.fenced.get(key, 0), fenced)
+                self._halt.wait(self.interval_s)
+            runner.exit(instance)
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+class _Cluster:
+    def __init__(self, workdir: Path, settings: ChaosSettings) -> None:
+        self.workdir = workdir
+        self.settings = settings
+        self.procs: list[_Proc] = []
+        self.namesrv = ""
+        self.brokers: dict[str, _Proc] = {}
+        self.broker_addr: dict[str, str] = {}
+        self.consumers: dict[str, _Proc] = {}  # slot -> current incarnation
+        self.consumer_files: list[Path] = []
+        self.all_consumers: list[_Proc] = []
+        self._incarnations: dict[str, int] = defaultdict(int)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> _Proc:
+        p = _Proc(name, argv, env, self.workdir)
+        self.procs.append(p)
+        return p
+
+    def start_namesrv(self) -> None:
+        p = self.start("namesrv", [str(BIN / "trimq-namesrv"), "--listen", "127.0.0.1:0", "--log-format", "json",
+                                   "--log-level", "info"], _env({}))
+        self.namesrv = str(p.wait_log_event("namesrv.started", 20)["address"])
+
+    def store(self, broker: str) -> Path:
+        return self.workdir / f"store-{broker}"
+
+    def start_broker(self, broker: str, listen: str = "127.0.0.1:0") -> _Proc:
+        addr_file = self.store(broker) / "broker.addr"
+        with contextlib.suppress(FileNotFoundError):
+            addr_file.unlink()
+        n = self._incarnations[broker]
+        self._incarnations[broker] += 1
+        p = self.start(f"{broker}.{n}", [
+            str(BIN / "trimq-broker"), "--listen", listen, "--store", str(self.store(broker)), "--namesrv",
+            self.namesrv, "--broker-name", broker, "--flush", "sync", "--log-format", "json", "--log-level", "warning",
+        ], _env(BROKER_SETTINGS))
+        self.brokers[broker] = p
+        return p
+
+    def wait_broker(self, broker: str, timeout: float = 30) -> str:
+        p = self.brokers[broker]
+        addr_file = self.store(broker) / "broker.addr"
+        deadline = time.monotonic() + timeout
+        while not addr_file.exists():
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.log_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{p.name} did not start within {timeout} s:\n{p.log_text()[-3000:]}")
+            time.sleep(0.05)
+        addr = addr_file.read_text().strip()
+        self.broker_addr[broker] = addr
+        return addr
+
+    def start_consumer(self, slot: str) -> _Proc:
+        n = self._incarnations[slot]
+        self._incarnations[slot] += 1
+        name = f"{slot}.{n}"
+        record = self.workdir / f"{name}.jsonl"
+        self.consumer_files.append(record)
+        p = self.start(name, [
+            str(BIN / "trimq-consumer"), "--namesrv", self.namesrv, "--group", GROUP, "--topic", TOPIC, "--orderly",
+            "--from", "first", "--record", str(record), "--instance-name", name, "--log-format", "json",
+            "--log-level", "info",
+        ], _env(CONSUMER_SETTINGS))
+        self.consumers[slot] = p
+        self.all_consumers.append(p)
+        return p
+
+    def client_id(self, p: _Proc, timeout: float = 20) -> str:
+        return str(p.wait_log_event("consumer.cli_started", timeout)["client_id"])
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.alive():
+                p.popen.send_signal(signal.SIGCONT)
+                p.kill()
+
+
+def _persisted_offsets(store: Path, broker: str) -> dict[tuple[str, str, int], int]:
+    path = store / "config" / "consumerOffset.json"
+    try:
+        table = json.loads(path.read_text()).get("offsetTable", {})
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for qid, off in table.get(f"{TOPIC}@{GROUP}", {}).items():
+        out[(TOPIC, broker, int(qid))] = int(off)
+    return out
+
+
+def _count_lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with open(path, "rb") as fh:
+        return sum(buf.count(b"\n") for buf in iter(lambda: fh.read(1 << 16), b""))
+
+
+def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | None = None,
+                 log: Any = None) -> ChaosResult:
+    """Run one seeded chaos scenario (see the module documentation) and return its result."""
+    say = log or (lambda text: None)
+    t_begin = time.monotonic()
+    events = make_schedule(seed, settings)
+    traffic_s = traffic_seconds(events, settings)
+    own_dir = workdir is None
+    wd = Path(tempfile.mkdtemp(prefix=f"trimq-chaos-{seed}-")) if workdir is None else workdir
+    wd.mkdir(parents=True, exist_ok=True)
+    if any(wd.iterdir()):
+        raise ValueError(f"work directory {wd} is not empty")
+    cluster = _Cluster(wd, settings)
+    sampler: _Sampler | None = None
+    stops: list[Stop] = []
+    pauses: list[Pause] = []
+    crashes: list[BrokerCrash] = []
+    problems: list[str] = []
+    producer_status: int | None = None
+    summary: dict[str, Any] = {}
+    prod_rec = wd / "producer.jsonl"
+    try:
+        cluster.start_namesrv()
+        for b in BROKERS:
+            cluster.start_broker(b)
+        for b in BROKERS:
+            cluster.wait_broker(b)
+        made = subprocess.run([str(BIN / "trimq-producer"), "--namesrv", cluster.namesrv, "--topic", TOPIC, "--count",
+                               "0", "--queues", str(settings.queues_per_broker)], capture_output=True, text=True,
+                              env=_env({}), cwd=wd, timeout=60)
+        if made.returncode != 0:
+            raise RuntimeError(f"topic creation failed: {made.stderr}")
+        for slot in SLOTS:
+            cluster.start_consumer(slot)
+        for p in list(cluster.consumers.values()):
+            cluster.client_id(p)
+        sampler = _Sampler(cluster.namesrv, settings.sample_interval_s)
+        sampler.addrs.update(cluster.broker_addr)
+        sampler.start()
+        time.sleep(1.0)  # the group settles on three members
+        count = int(settings.rate * traffic_s)
+        producer = cluster.start("producer", [
+            str(BIN / "trimq-producer"), "--namesrv", cluster.namesrv, "--topic", TOPIC, "--count", str(count),
+            "--keys", str(settings.keys), "--orderly", "--rate", str(settings.rate), "--inflight",
+            str(settings.inflight), "--record", str(prod_rec), "--json", "--log-format", "json",
+        ], _env(PRODUCER_SETTINGS))
+        t0 = time.monotonic()
+        say(f"seed {seed}: {len(events)} events over {traffic_s:.1f} s of traffic ({count} messages)")
+
+        # The timeline: each event's start and end as actions in time order.
+        actions: list[tuple[float, int, str, Event]] = []
+        for i, e in enumerate(events):
+            actions.append((e.at_s, i, "begin", e))
+            actions.append((e.end_s, i, "end", e))
+        actions.sort(key=lambda a: (a[0], a[1]))
+        paused_at: dict[int, tuple[str, int]] = {}
+        for at_s, i, phase, e in actions:
+            delay = t0 + at_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if not producer.alive() and producer.popen.returncode != 0:
+                problems.append(f"the producer exited with {producer.popen.returncode} before {e.kind} {e.target}")
+                break
+            if e.kind == "kill_consumer":
+                if phase == "begin":
+                    victim = cluster.consumers[e.target]
+                    cid = cluster.client_id(victim)
+                    t = _wall_ms()
+                    victim.kill()
+                    stops.append(Stop(cid, t, graceful=False))
+                    say(f"  {at_s:6.2f} s SIGKILL {victim.name} ({cid})")
+                else:
+                    p = cluster.start_consumer(e.target)
+                    say(f"  {at_s:6.2f} s started {p.name}")
+            elif e.kind == "pause_consumer":
+                victim = cluster.consumers[e.target]
+                if phase == "begin":
+                    cid = cluster.client_id(victim)
+                    t = _wall_ms()
+                    victim.signal(signal.SIGSTOP)
+                    paused_at[i] = (cid, t)
+                    say(f"  {at_s:6.2f} s SIGSTOP {victim.name} ({cid})")
+                else:
+                    victim.signal(signal.SIGCONT)
+                    cid, t_stop = paused_at.pop(i)
+                    pauses.append(Pause(cid, t_stop, _wall_ms()))
+                    say(f"  {at_s:6.2f} s SIGCONT {victim.name}")
+            elif e.kind == "kill_broker":
+                b = e.target
+                if phase == "begin":
+                    with sampler.lock:
+                        sampler.addrs[b] = None
+                        sampler.incarnation[b] += 1
+                        t = _wall_ms()
+                        cluster.brokers[b].kill()
+                    persisted = _persisted_offsets(cluster.store(b), b)
+                    crashes.append(BrokerCrash(b, t, 0, persisted))
+                    say(f"  {at_s:6.2f} s SIGKILL {b}; persisted offsets {sorted(persisted.values())}")
+                else:
+                    cluster.start_broker(b, cluster.broker_addr[b])
+                    addr = cluster.wait_broker(b)
+                    crash = crashes[-1]
+                    crashes[-1] = replace(crash, restart_ms=_wall_ms())
+                    with sampler.lock:
+                        sampler.addrs[b] = addr
+                    say(f"  {time.monotonic() - t0:6.2f} s {b} restarted on {addr}")
+        try:
+            producer_status = producer.popen.wait(max(30.0, traffic_s + 30 - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            problems.append("the producer did not finish in time")
+            producer.kill()
+        summary = next((json.loads(line) for line in reversed(producer.log_text().splitlines())
+                        if line.startswith('{"topic"')), {})
+        if producer_status != 0:
+            problems.append(f"producer exit status {producer_status}: {producer.log_text()[-2000:]}")
+        acked = {r["msg_id"] for r in read_records([prod_rec])[0]}
+        say(f"producer done ({len(acked)} acknowledged); waiting for the consumers")
+        deadline = time.monotonic() + settings.drain_timeout_s
+        while True:
+            seen = {r["msg_id"] for recs in read_records(cluster.consumer_files) for r in recs}
+            if acked <= seen:
+                break
+            if time.monotonic() > deadline:
+                problems.append(f"{len(acked - seen)} acknowledged messages not consumed within "
+                                f"{settings.drain_timeout_s} s of the producer's end")
+                break
+            time.sleep(0.25)
+        sampler.stop()
+        for p in cluster.consumers.values():
+            p.signal(signal.SIGTERM)
+        for p in cluster.consumers.values():
+            try:
+                status = p.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                problems.append(f"{p.name} did not stop within 20 s of SIGTERM")
+                continue
+            if status != 0:
+                problems.append(f"{p.name} exited with {status}: {p.log_text()[-1500:]}")
+        for p in cluster.all_consumers:  # a consumer dying by itself is a finding
+            if p.popen.returncode not in (0, -signal.SIGKILL):
+                problems.append(f"{p.name} ended with status {p.popen.returncode}")
+    finally:
+        try:
+            cluster.cleanup()
+        finally:
+            if sampler is not None:
+                sampler.stop()
+        _dump(wd, events, stops, pauses, crashes, sampler)
+
+    report = check([prod_rec], cluster.consumer_files, stops=stops, pauses=pauses, broker_crashes=crashes,
+                   committed_samples=sampler.samples if sampler else None, topic=TOPIC)
+    result = ChaosResult(seed, events, report, produced=report.produced, producer_status=producer_status,
+                         producer_summary=summary, problems=problems, wall_s=time.monotonic() - t_begin,
+                         workdir=str(wd))
+    if sampler is not None:
+        result.fenced_updates = sum(sampler.fenced.values())
+        result.offset_samples = sum(len(v) for v in sampler.samples.values())
+    result.broker_recovery_ms = _recovery_times(cluster.consumer_files, crashes, settings)
+    if own_dir and result.ok and not os.environ.get("TRIMQ_CHAOS_KEEP"):
+        import shutil
+
+        shutil.rmtree(wd, ignore_errors=True)
+    return result
+
+
+def _dump(wd: Path, events: list[Event], stops: list[Stop], pauses: list[Pause], crashes: list[BrokerCrash],
+          sampler: _Sampler | None) -> None:
+    """What the run did, for a post-mortem of a failed run (``chaos.json`` in the work directory)."""
+    data = {
+        "events": [e.__dict__ for e in events],
+        "stops": [s.__dict__ for s in stops],
+        "pauses": [p.__dict__ for p in pauses],
+        "broker_crashes": [{**c.__dict__, "persisted": {"/".join(map(str, q)): o for q, o in c.persisted.items()}}
+                           for c in crashes],
+        "samples": {"/".join(map(str, q)): v for q, v in (sampler.samples if sampler else {}).items()},
+        "fenced": {f"{b}#{n}": v for (b, n), v in (sampler.fenced if sampler else {}).items()},
+    }
+    with contextlib.suppress(OSError):
+        (wd / "chaos.json").write_text(json.dumps(data))
+
+
+def _recovery_times(files: list[Path], crashes: list[BrokerCrash], settings: ChaosSettings
+                    ) -> dict[str, list[int | None]]:
+    """Per broker SIGKILL: for each of its queues, ms from the kill to the first consumption after it."""
+    by_queue: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for recs in read_records(files):
+        for r in recs:
+            by_queue[(str(r["broker"]), int(r["queue_id"]))].append(int(r["consume_time"]))
+    for times in by_queue.values():
+        times.sort()
+    out: dict[str, list[int | None]] = {}
+    for c in crashes:
+        vals: list[int | None] = []
+        for q in range(settings.queues_per_broker):
+            after = [t for t in by_queue.get((c.broker, q), []) if t > c.time_ms]
+            vals.append(after[0] - c.time_ms if after else None)
+        out.setdefault(c.broker, []).extend(vals)
+    return out
+
+
+@contextlib.contextmanager
+def _timer() -> Iterator[None]:
+    start = time.monotonic()
+    yield
+    print(f"wall time {time.monotonic() - start:.1f} s", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Run one seeded trimq chaos scenario.")
+    ap.add_argument("--seed", type=int, default=int(os.environ.get("TRIMQ_CHAOS_SEED", "1")))
+    ap.add_argument("--long", action="store_true", help="the long schedule (make chaos)")
+    ap.add_argument("--keep", type=Path, help="work directory to keep (default: a temporary one, removed if OK)")
+    ap.add_argument("--schedule", action="store_true", help="print the schedule and exit")
+    args = ap.parse_args(argv)
+    settings = LONG if args.long else SHORT
+    if args.schedule:
+        for e in make_schedule(args.seed, settings):
+            print(e)
+        return 0
+    with _timer():
+        result = run_scenario(args.seed, settings, args.keep, log=print)
+    print(result.text())
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The checker's chaos rules (tests/e2e/checker.py: pauses, broker crashes, sampled committed offsets) on small
+hand-made histories: each allows what the system may legitimately do and flags what it must not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.checker import BrokerCrash, Pause, Stop, check
+
+T = "Orders"
+Q = (T, "b", 0)
+
+
+def write(path: Path, recs: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def produced(n: int) -> list[dict[str, Any]]:
+    return [{"topic": T, "broker": "b", "queue_id": 0, "queue_offset": i, "key": f"k{i % 2}", "seq": i // 2,
+             "msg_id": f"m{i}", "send_time": 0, "ack_time": 0} for i in range(n)]
+
+
+def consumed(offsets: list[int], client: str, t0: int) -> list[dict[str, Any]]:
+    return [{"topic": T, "broker": "b", "queue_id": 0, "queue_offset": o, "keys": None, "msg_id": f"m{o}",
+             "reconsume_times": 0, "body_sha1": "", "consume_time": t0 + i, "client_id": client}
+            for i, o in enumerate(offsets)]
+
+
+def run(tmp_path: Path, n: int, *parts: list[dict[str, Any]], **kw: Any) -> Any:
+    p = write(tmp_path / "p.jsonl", produced(n))
+    cs = [write(tmp_path / f"c{i}.jsonl", part) for i, part in enumerate(parts)]
+    return check([p], cs, **kw)
+
+
+def test_pause_is_a_crash_for_the_group_and_a_late_completion_is_counted(tmp_path: Path) -> None:
+    # A consumed 0..3 and was paused at 100 with offset 4 in its listener; B took over at 200 from the
+    # committed offset 3; A's listener finished 4 after SIGCONT (at 300): a late completion, then nothing.
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3], "A", 10), consumed([3, 4, 5, 6, 7], "B", 200),
+            consumed([4], "A", 301), pauses=[Pause("A", 100, 300)])
+    assert r.ok, r.text()
+    assert r.late_completions == 1 and r.replayed == 1
+    assert [t.kind for t in r.takeovers] == ["pause"] and r.takeovers[0].ms == 100
+
+
+def test_a_resumed_consumer_going_on_with_a_queue_it_lost_is_a_violation(tmp_path: Path) -> None:
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3], "A", 10), consumed([3, 4, 5, 6, 7], "B", 200),
+            consumed([4, 5, 6], "A", 301), pauses=[Pause("A", 100, 300)])
+    assert not r.ok and r.late_completions == 1
+    assert "offsets 5..7 consumed again by A after B (which did not crash)" in r.violations[0]
+
+
+def test_a_resumed_consumer_may_replay_from_the_committed_offset(tmp_path: Path) -> None:
+    # Nobody took over during the pause; A's lock lapsed, so it re-reads the committed offset (2) and replays.
+    samples = {Q: [(50, 2), (150, 2), (350, 6)]}
+    r = run(tmp_path, 6, consumed([0, 1, 2, 3], "A", 10), consumed([2, 3, 4, 5], "A", 320),
+            pauses=[Pause("A", 100, 300)], committed_samples=samples)
+    assert r.ok, r.text()
+    r = run(tmp_path, 6, consumed([0, 1, 2, 3], "A", 10), consumed([1, 2, 3, 4, 5], "A", 320),
+            pauses=[Pause("A", 100, 300)], committed_samples=samples)
+    assert not r.ok and "below the committed floor 2" in r.violations[0]
+
+
+def test_broker_crash_replay_from_the_persisted_offset(tmp_path: Path) -> None:
+    # The broker had persisted 2 when it was killed at 100; A (alive) re-reads 2 after the restart.
+    crash = BrokerCrash("b", 100, 150, {Q: 2})
+    r = run(tmp_path, 6, consumed([0, 1, 2, 3], "A", 10), consumed([2, 3, 4, 5], "B", 200), broker_crashes=[crash])
+    assert r.ok, r.text()
+    assert r.broker_replays == 1
+    r = run(tmp_path, 6, consumed([0, 1, 2, 3], "A", 10), consumed([1, 2, 3, 4, 5], "B", 200),
+            broker_crashes=[crash])
+    assert not r.ok and "below the offset it had persisted (2)" in r.violations[0]
+    r = run(tmp_path, 6, consumed([0, 1, 2, 3], "A", 10), consumed([2, 3, 4, 5], "B", 200))
+    assert not r.ok  # without the crash it is a plain duplicate
+
+
+def test_a_crash_after_a_broker_restart_uses_the_persisted_floor(tmp_path: Path) -> None:
+    # B took the queue at 3 (A left gracefully); the broker restarted with 2 persisted; B crashed; C replays from 2.
+    r = run(tmp_path, 8, consumed([0, 1, 2], "A", 10), consumed([3, 4, 5], "B", 100), consumed([2, 3, 4, 5, 6, 7],
+            "C", 400), stops=[Stop("A", 50, graceful=True), Stop("B", 300, graceful=False)],
+            broker_crashes=[BrokerCrash("b", 200, 250, {Q: 2})])
+    assert r.ok, r.text()
+
+
+def test_sampled_committed_offsets_raise_the_floor_and_must_not_go_back(tmp_path: Path) -> None:
+    stop = [Stop("A", 200, graceful=False)]
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3, 4, 5], "A", 10), consumed([3, 4, 5, 6, 7], "B", 300), stops=stop,
+            committed_samples={Q: [(100, 4)]})
+    assert not r.ok and "below the committed floor 4" in r.violations[0]
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3, 4, 5], "A", 10), consumed([4, 5, 6, 7], "B", 300), stops=stop,
+            committed_samples={Q: [(100, 4), (150, 3)]})
+    assert not r.ok and r.offset_regressions and "went back from 4" in r.offset_regressions[0]
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3, 4, 5], "A", 10), consumed([2, 3, 4, 5, 6, 7], "B", 300), stops=stop,
+            committed_samples={Q: [(100, 4), (250, 2)]}, broker_crashes=[BrokerCrash("b", 200, 220, {Q: 2})])
+    assert r.ok, r.text()  # a restart reloads what was persisted: not a regression
+
+
+def test_a_replay_handed_over_gracefully_continues(tmp_path: Path) -> None:
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3, 4, 5], "A", 10), consumed([3, 4], "B", 300),
+            consumed([5, 6, 7], "C", 400), stops=[Stop("A", 200, graceful=False), Stop("B", 350, graceful=True)])
+    assert r.ok, r.text()

@@ -34,6 +34,21 @@ class BrokerService(Protocol):
     async def stop(self) -> None: ...
 
 
+class HandlerService:
+    """Base of a service that only answers requests: nothing to load, run or persist."""
+
+    name = "handlers"
+
+    async def start(self) -> None:
+        pass
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def stop(self) -> None:
+        pass
+
+
 class Broker:
     """A broker: ``async with open_broker(config) as broker`` in tests, ``await broker.run()`` in the daemon."""
 

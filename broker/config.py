@@ -6,27 +6,21 @@ An invalid value raises ConfigError naming the setting, the value and what is al
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.address import parse_address
 from protocol.frame import DEFAULT_MAX_FRAME_BYTES
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the setting, the value and the allowed range."""
-
-
-def setting(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
-            choices: tuple[Any, ...] | None = None) -> Any:
-    """A dataclass field carrying its documentation and allowed range."""
-    meta = {"doc": doc, "min": min, "max": max, "choices": choices}
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
+from protocol.settings import (  # noqa: F401  (re-exported: the daemons' settings API)
+    CONFIG_SECTIONS,
+    ConfigError,
+    build_settings,
+    describe_settings,
+    setting,
+    validate_dataclass,
+)
 
 
 @dataclass
@@ -145,134 +139,21 @@ class BrokerConfig:
         return [a for a in self.namesrv_addr.split(";") if a]
 
 
-def validate_dataclass(obj: Any) -> None:
-    """Type- and range-check every field of a settings dataclass from its metadata."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        expected = type(f.default) if f.default is not dataclasses.MISSING else None
-        if expected is bool and not isinstance(value, bool):
-            raise ConfigError(f"{f.name} = {value!r}: must be true or false")
-        if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{f.name} = {value!r}: must be an integer{_range_text(f)}")
-        if expected is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise ConfigError(f"{f.name} = {value!r}: must be a number{_range_text(f)}")
-        if expected is str and not isinstance(value, str):
-            raise ConfigError(f"{f.name} = {value!r}: must be a string")
-        lo, hi, choices = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("choices")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise ConfigError(f"{f.name} = {value!r}: out of range{_range_text(f)}")
-        if choices and value not in choices:
-            raise ConfigError(f"{f.name} = {value!r}: must be one of {', '.join(map(str, choices))}")
-
-
-def _range_text(f: dataclasses.Field[Any]) -> str:
-    lo, hi = f.metadata.get("min"), f.metadata.get("max")
-    if lo is None and hi is None:
-        return ""
-    return f" in [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-
-
-def _coerce(f: dataclasses.Field[Any], raw: str) -> Any:
-    """Turn an environment string into the field's type; ConfigError when it cannot be."""
-    kind = type(f.default)
-    if kind is bool:
-        low = raw.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{f.name} = {raw!r}: must be true or false")
-    if kind is int:
-        try:
-            return int(raw)
-        except ValueError:
-            raise ConfigError(f"{f.name} = {raw!r}: must be an integer{_range_text(f)}") from None
-    if kind is float:
-        try:
-            return float(raw)
-        except ValueError:
-            raise ConfigError(f"{f.name} = {raw!r}: must be a number{_range_text(f)}") from None
-    return raw
-
-
-#: Tables a TOML file shared by several trimq programs may hold, one per program (docs/CONFIGURATION.md).
-CONFIG_SECTIONS = ("namesrv", "broker", "producer", "consumer", "admin", "audit")
+def read_toml(path: str) -> dict[str, Any]:
+    """A TOML file's document; ConfigError saying why it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
 def load_settings(cls: type[Any], *, config_file: str | None = None, env_prefix: str = "TRIMQ_",
                   overrides: dict[str, Any] | None = None, section: str | None = None) -> Any:
-    """Build a settings dataclass from defaults < TOML file < environment < ``overrides`` (flags), validated.
-
-    The file holds the settings at the top level or in a ``[section]`` table; a table that is not one of
-    :data:`CONFIG_SECTIONS` is refused (a misspelt ``[brokr]`` would otherwise be silently ignored). An
-    error names the setting, the value, what is allowed and where the value came from.
-    """
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    if config_file:
-        try:
-            with open(config_file, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError(f"config file {config_file}: {exc.strerror or exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
-        unknown = [k for k, v in data.items() if isinstance(v, dict) and k not in CONFIG_SECTIONS]
-        if unknown:
-            raise ConfigError(f"config file {config_file}: unknown section [{unknown[0]}] "
-                              f"(sections: {', '.join(CONFIG_SECTIONS)})")
-        nested = False
-        if section is not None and section in data:
-            if not isinstance(data[section], dict):
-                raise ConfigError(f"config file {config_file}: {section!r} must be a table ([{section}])")
-            data, nested = data[section], True
-        elif section is not None and data and all(isinstance(v, dict) for v in data.values()):
-            # Only other programs' tables: the wrong file, not "use every default".
-            raise ConfigError(f"config file {config_file}: no [{section}] table "
-                              f"(it has {', '.join(f'[{k}]' for k in data)})")
-        for k, v in data.items():
-            if isinstance(v, dict):
-                if not nested:
-                    continue  # another program's section
-                raise ConfigError(f"config file {config_file}: unknown setting table [{section}.{k}]")
-            if k not in names:
-                where = f" in [{section}]" if nested else ""
-                raise ConfigError(f"config file {config_file}: unknown setting {k!r}{where}")
-            values[k] = v
-            sources[k] = f"config file {config_file}"
-    for name, f in names.items():
-        var = env_prefix + name.upper()
-        raw = os.environ.get(var)
-        if raw is not None:
-            try:
-                values[name] = _coerce(f, raw)
-            except ConfigError as exc:
-                raise ConfigError(f"{exc} (from environment variable {var})") from None
-            sources[name] = f"environment variable {var}"
-    for k, v in (overrides or {}).items():
-        if v is not None:
-            if k not in names:
-                raise ConfigError(f"unknown setting {k!r}")
-            values[k] = v
-            sources[k] = "command line"
-    obj = cls(**values)
-    try:
-        obj.validate()
-    except ConfigError as exc:
-        name = str(exc).split(" = ", 1)[0]
-        if name in sources:
-            raise ConfigError(f"{exc} (from {sources[name]})") from None
-        raise
-    return obj
-
-
-def describe_settings(obj: Any) -> list[dict[str, Any]]:
-    """Name, value, default, range and doc of every setting (for ``--print-config`` and the docs)."""
-    out = []
-    for f in dataclasses.fields(obj):
-        out.append({
-            "name": f.name, "value": getattr(obj, f.name), "default": f.default, "doc": f.metadata.get("doc", ""),
-            "min": f.metadata.get("min"), "max": f.metadata.get("max"), "choices": f.metadata.get("choices"),
-        })
-    return out
+    """Build a settings dataclass from defaults < TOML file < environment < ``overrides`` (flags), validated
+    (protocol.settings.build_settings has the rules)."""
+    return build_settings(cls, file_data=read_toml(config_file) if config_file else None,
+                          file_name=config_file or "", environ=os.environ, env_prefix=env_prefix,
+                          overrides=overrides, section=section)

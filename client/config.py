@@ -18,10 +18,11 @@ import dataclasses
 import datetime as _dt
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.address import parse_address
+from protocol.settings import ConfigError, build_settings, setting, validate_dataclass
 from protocol.validation import InvalidNameError, check_group
 
 __all__ = [
@@ -55,58 +56,6 @@ _INT_MAX = 2**31 - 1
 _MIB = 1024 * 1024
 
 
-class ConfigError(ValueError):
-    """A setting is invalid; the message names the setting, the value and what is allowed."""
-
-
-def setting(
-    default: Any,
-    doc: str,
-    *,
-    min: float | None = None,
-    max: float | None = None,
-    choices: tuple[Any, ...] | None = None,
-    also: tuple[Any, ...] = (),
-) -> Any:
-    """A dataclass field carrying its documentation and allowed range (``also``: extra allowed values)."""
-    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "also": also}
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _range_text(f: dataclasses.Field[Any]) -> str:
-    lo, hi, also = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("also") or ()
-    if lo is None and hi is None:
-        return ""
-    prefix = " or ".join(str(a) for a in also)
-    rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-    return f" ({prefix} or {rng})" if prefix else f" in {rng}"
-
-
-def _validate_fields(obj: Any) -> None:
-    """Type- and range-check every field from its metadata."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        expected = type(f.default) if f.default is not dataclasses.MISSING else None
-        if expected is bool:
-            if not isinstance(value, bool):
-                raise ConfigError(f"{f.name} = {value!r}: must be true or false")
-            continue
-        if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{f.name} = {value!r}: must be an integer{_range_text(f)}")
-        if expected is str and not isinstance(value, str):
-            raise ConfigError(f"{f.name} = {value!r}: must be a string")
-        lo, hi, choices = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("choices")
-        also = f.metadata.get("also") or ()
-        if value in also:
-            continue
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise ConfigError(f"{f.name} = {value!r}: out of range{_range_text(f)}")
-        if choices and value not in choices:
-            raise ConfigError(f"{f.name} = {value!r}: must be one of {', '.join(map(str, choices))}")
-
-
 @dataclass
 class ClientConfig:
     """Settings shared by everything in one client process (RocketMQ's ``ClientConfig``)."""
@@ -138,7 +87,7 @@ class ClientConfig:
 
     def validate(self) -> ClientConfig:
         """Check every value; raise :class:`ConfigError` for the first bad one. Returns ``self``."""
-        _validate_fields(self)
+        validate_dataclass(self)
         for addr in self.namesrv_addrs:
             try:
                 parse_address(addr)
@@ -324,23 +273,6 @@ class PushConsumerConfig(ClientConfig):
         return self.message_model == "CLUSTERING"
 
 
-def _coerce(f: dataclasses.Field[Any], raw: str) -> Any:
-    kind = type(f.default)
-    if kind is bool:
-        low = raw.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{f.name} = {raw!r}: must be true or false")
-    if kind is int:
-        try:
-            return int(raw)
-        except ValueError:
-            raise ConfigError(f"{f.name} = {raw!r}: must be an integer{_range_text(f)}") from None
-    return raw
-
-
 def load_client_settings(
     cls: type[Any],
     *,
@@ -350,9 +282,9 @@ def load_client_settings(
     section: str | None = None,
 ) -> Any:
     """Build a client config from defaults < TOML file (optionally one ``[section]``) < ``TRIMQ_*``
-    environment < ``overrides`` (command-line flags; None values are ignored), validated."""
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
+    environment < ``overrides`` (command-line flags; None values are ignored), validated; the same rules as
+    the daemons' (protocol.settings.build_settings)."""
+    data = None
     if config_file:
         try:
             with open(config_file, "rb") as fh:
@@ -361,22 +293,5 @@ def load_client_settings(
             raise ConfigError(f"config file {config_file}: {exc.strerror or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
-        if section is not None:
-            data = data.get(section, {})
-        for k, v in data.items():
-            if isinstance(v, dict):
-                continue
-            if k not in names:
-                raise ConfigError(f"config file {config_file}: unknown setting {k!r}")
-            values[k] = v
-    for name, f in names.items():
-        raw = os.environ.get(env_prefix + name.upper())
-        if raw is not None:
-            values[name] = _coerce(f, raw)
-    for k, v in (overrides or {}).items():
-        if v is None:
-            continue
-        if k not in names:
-            raise ConfigError(f"unknown setting {k!r}")
-        values[k] = v
-    return cls(**values)
+    return build_settings(cls, file_data=data, file_name=config_file or "", environ=os.environ,
+                          env_prefix=env_prefix, overrides=overrides, section=section)

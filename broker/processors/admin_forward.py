@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from broker.broker import HandlerService
 from broker.processors.send import int_field, str_field
 from broker.server import ConnectionClosedError, RequestError
 from protocol.codes import RequestCode, ResponseCode, code_name
@@ -91,7 +92,7 @@ def compute_reset_offsets(
     return out
 
 
-class AdminForwardService:
+class AdminForwardService(HandlerService):
     """Broker -> client admin paths (307, 9004, 222) and GET_TOPIC_STATS_INFO (a broker service)."""
 
     name = "admin_forward"
@@ -106,15 +107,6 @@ class AdminForwardService:
         reg(RequestCode.SKIP_MESSAGE, self.skip_message)
         reg(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, self.invoke_broker_to_reset_offset)
         reg(RequestCode.GET_TOPIC_STATS_INFO, self.get_topic_stats_info)
-
-    async def start(self) -> None:
-        pass
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-    async def stop(self) -> None:
-        pass
 
     # ------------------------------------------------------------------ helpers
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import trio
-
+from broker.broker import HandlerService
 from broker.processors.send import int_field, str_field
 from broker.server import RequestError
 from broker.store.message_store import MessageStore
@@ -25,7 +24,7 @@ log = get_logger("trimq.admin")
 __all__ = ["AdminTopicService"]
 
 
-class AdminTopicService:
+class AdminTopicService(HandlerService):
     name = "admin_topic"
 
     def __init__(self, broker: Broker) -> None:
@@ -40,15 +39,6 @@ class AdminTopicService:
         reg(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, self.search_offset_by_timestamp)
         reg(RequestCode.GET_EARLIEST_MSG_STORETIME, self.get_earliest_msg_store_time)
         reg(RequestCode.VIEW_MESSAGE_BY_ID, self.view_message_by_id)
-
-    async def start(self) -> None:
-        pass
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-    async def stop(self) -> None:
-        pass
 
     # ------------------------------------------------------------------------------------------------
     async def update_and_create_topic(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
-import trio
-
+from broker.broker import HandlerService
 from broker.server import RequestError
 from broker.store.message_store import MessageStore, PutMessageStatus, PutResult
 from broker.store.topics import TopicConfig, TopicConfigManager
@@ -95,7 +94,7 @@ def born_host_of(conn: Connection) -> tuple[str, int]:
     return host  # type: ignore[no-any-return]
 
 
-class SendService:
+class SendService(HandlerService):
     """Registers the send handlers; ``broker.components["store"]`` and ``["topic_config_manager"]`` must exist."""
 
     name = "send"
@@ -114,15 +113,6 @@ class SendService:
         broker.server.register(RequestCode.SEND_MESSAGE, self.send_message, inline=inline)
         broker.server.register(RequestCode.SEND_MESSAGE_V2, self.send_message, inline=inline)
         broker.server.register(RequestCode.SEND_BATCH_MESSAGE, self.send_batch_message, inline=inline)
-
-    async def start(self) -> None:
-        pass
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-    async def stop(self) -> None:
-        pass
 
     # ------------------------------------------------------------------------------------------------
     def _check(self, ext: dict[str, Any], conn: Connection, sizes: list[tuple[int, int]]) -> tuple[TopicConfig, int]:

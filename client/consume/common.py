@@ -586,6 +586,10 @@ class ConsumeServiceBase:
         self.dropped_results = 0
         """Listener results dropped because the service was sealed (shutdown) before they arrived."""
         self._exc_rate = RateLimiter(10_000)
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """Per-service state, set up by each service after the shared part."""
 
     # --- wiring ------------------------------------------------------------------------------------
 

@@ -27,20 +27,17 @@ shutdown is neither sent back nor committed).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import trio
 
-from client.config import PushConsumerConfig
 from client.consume.common import (
     CMResult,
     ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus,
-    ConsumeHooks,
     ConsumeMessageDirectlyResult,
     ConsumeServiceBase,
-    ConsumeStats,
     normalize_status,
     reset_retry_and_namespace,
 )
@@ -64,19 +61,7 @@ class ConsumeMessageConcurrentlyService(ConsumeServiceBase):
 
     orderly = False
 
-    def __init__(
-        self,
-        consumer_group: str,
-        config: PushConsumerConfig,
-        listener: Callable[..., Any],
-        *,
-        hooks: ConsumeHooks | None = None,
-        stats: ConsumeStats | None = None,
-        clock: Callable[[], int] | None = None,
-        wall_clock: Callable[[], int] | None = None,
-    ) -> None:
-        super().__init__(consumer_group, config, listener, hooks=hooks, stats=stats, clock=clock,
-                         wall_clock=wall_clock)
+    def _init_state(self) -> None:
         # offsets already sent back (expiry cleaner, skip): never sent back twice
         self._sent_back: weakref.WeakKeyDictionary[ProcessQueue, set[int]] = weakref.WeakKeyDictionary()
 

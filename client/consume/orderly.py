@@ -46,21 +46,17 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from client.config import PushConsumerConfig
 from client.consume.common import (
     CMResult,
-    ConsumeHooks,
     ConsumeMessageDirectlyResult,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     ConsumeServiceBase,
-    ConsumeStats,
     held,
     normalize_status,
     reset_retry_and_namespace,
@@ -123,19 +119,7 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
 
     orderly = True
 
-    def __init__(
-        self,
-        consumer_group: str,
-        config: PushConsumerConfig,
-        listener: Callable[..., Any],
-        *,
-        hooks: ConsumeHooks | None = None,
-        stats: ConsumeStats | None = None,
-        clock: Callable[[], int] | None = None,
-        wall_clock: Callable[[], int] | None = None,
-    ) -> None:
-        super().__init__(consumer_group, config, listener, hooks=hooks, stats=stats, clock=clock,
-                         wall_clock=wall_clock)
+    def _init_state(self) -> None:
         self._mq_locks: dict[MessageQueue, trio.Lock] = {}
         self.blocked: dict[MessageQueue, BlockedQueue] = {}
         self._blocked_pq: weakref.WeakValueDictionary[MessageQueue, ProcessQueue] = weakref.WeakValueDictionary()

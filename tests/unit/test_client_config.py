@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -163,3 +164,18 @@ def test_load_client_settings_precedence(tmp_path, monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("TRIMQ_PULL_BATCH_SIZE")
     with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
         load_client_settings(PushConsumerConfig, config_file=str(f))
+
+
+def test_client_loader_has_the_daemons_rules(tmp_path: Any, monkeypatch: Any) -> None:
+    """One settings machinery for daemons and clients (protocol/settings.py): a file with only other programs'
+    tables is refused instead of silently giving defaults, and errors say where a value came from."""
+    from client.config import ConfigError, PushConsumerConfig, load_client_settings
+
+    only_broker = tmp_path / "b.toml"
+    only_broker.write_text("[broker]\nlisten = '127.0.0.1:1'\n")
+    with pytest.raises(ConfigError, match=r"no \[consumer\] table"):
+        load_client_settings(PushConsumerConfig, config_file=str(only_broker), section="consumer")
+    monkeypatch.setenv("TRIMQ_PULL_BATCH_SIZE", "5000")
+    with pytest.raises(ConfigError, match=r"pull_batch_size = 5000: .*\(from environment variable "
+                                          r"TRIMQ_PULL_BATCH_SIZE\)"):
+        load_client_settings(PushConsumerConfig, overrides={"consumer_group": "g"})

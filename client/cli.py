@@ -628,6 +628,7 @@ class ConsumerOptions:
     record_fsync: bool = False
     exit_after_idle_s: float = 0.0
     quiet: bool = False
+    metrics_port: int | None = None
 
 
 class ConsumerApp:
@@ -722,7 +723,7 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
         statuses = (c.CONSUME_SUCCESS, c.RECONSUME_LATER, frozenset({c.CONSUME_SUCCESS}))
     record = RecordWriter(opts.record, fsync=opts.record_fsync) if opts.record else None
     app = ConsumerApp(opts, statuses, record, None if (record is not None or opts.quiet) else sys.stdout)
-    consumer = push_consumer_cls(config)
+    consumer = push_consumer_cls(config, metrics_port=opts.metrics_port)
     consumer.subscribe(opts.topic, opts.tags)
     if opts.orderly:
         consumer.register_message_listener_orderly(app.listener())
@@ -733,6 +734,9 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with consumer:
                 app.client_id = _client_id_of(consumer)
+                if consumer.metrics_address is not None:
+                    host, port = consumer.metrics_address
+                    click.echo(f"trimq-consumer: metrics on http://{host}:{port}/metrics", err=True)
                 app.last_consume = time.monotonic()  # idle time counts from the start, not from the launch
                 log.info("consumer.cli_started", client_id=app.client_id, group=config.consumer_group,
                          topic=opts.topic, orderly=opts.orderly)
@@ -793,6 +797,8 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
 @click.option("--exit-after-idle", type=click.FloatRange(min=0), default=0, metavar="S",
               help="Shut down gracefully after S seconds without a message (0 = never).")
 @click.option("--instance-name", help="Instance name (part of the client id).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = any free port; default off).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="TOML file; settings from its [consumer] table (PushConsumerConfig names).")
 @click.option("--quiet", is_flag=True, help="Without --record, do not print messages.")
@@ -801,8 +807,8 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
 def consumer_main(namesrv_addr: str | None, consumer_group: str | None, topic: str, tags: str, orderly: bool,
                   handler_spec: str | None, record: str | None, record_fsync: bool, from_where: str | None,
                   consume_timestamp: str | None, max_reconsume_times: int | None, exit_after_idle: float,
-                  instance_name: str | None, config_file: str | None, quiet: bool, log_format: str,
-                  log_level: str) -> None:
+                  instance_name: str | None, metrics_port: int | None, config_file: str | None, quiet: bool,
+                  log_format: str, log_level: str) -> None:
     """Consume TOPIC in consumer group GROUP until SIGINT/SIGTERM (graceful shutdown, exit status 0).
 
     Without --handler every message is printed as a JSON line (or recorded with --record). Settings:
@@ -828,7 +834,8 @@ def consumer_main(namesrv_addr: str | None, consumer_group: str | None, topic: s
         _fail("trimq-consumer", f"--topic {topic!r}: {exc}")
     handler = load_handler(handler_spec) if handler_spec else None
     opts = ConsumerOptions(topic=topic, tags=tags, orderly=orderly, handler=handler, record=record,
-                           record_fsync=record_fsync, exit_after_idle_s=exit_after_idle, quiet=quiet)
+                           record_fsync=record_fsync, exit_after_idle_s=exit_after_idle, quiet=quiet,
+                           metrics_port=metrics_port)
     try:
         status = trio.run(_consumer_session, config, opts)
     except BaseException as exc:

@@ -131,7 +131,7 @@ def test_consumer_record_format_handler_and_sigterm(procs: Procs, tmp_path: Path
     rec = tmp_path / "c.jsonl"
     common = ["--namesrv", broker.address, "--topic", "CliTopic", "--from", "first", "--exit-after-idle", "1.5"]
     c1 = procs.start("consumer1", [tool("trimq-consumer"), *common, "--group", "cli_g1", "--orderly", "--record",
-                                   str(rec), "--instance-name", "one"])
+                                   str(rec), "--instance-name", "one", "--metrics-port", "0"])
     c2 = procs.start("consumer2", [tool("trimq-consumer"), *common, "--group", "cli_g2", "--handler",
                                    "myhandler:handle"])
     c3 = procs.start("consumer3", [tool("trimq-consumer"), *common, "--group", "cli_g3", "--tags", "NoSuchTag",
@@ -140,6 +140,7 @@ def test_consumer_record_format_handler_and_sigterm(procs: Procs, tmp_path: Path
         assert c.popen.wait(30) == 0, c.log_text()
 
     assert "consumed 40 messages (idle)" in c1.log_text()
+    assert "trimq-consumer: metrics on http://127.0.0.1:" in c1.log_text()  # --metrics-port
     lines = read_jsonl(rec)
     assert len(lines) == 40
     r = lines[0]

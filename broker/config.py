@@ -81,6 +81,11 @@ class BrokerConfig:
                                               min=1_000, max=3_600_000)
     client_housekeeping_interval_ms: int = setting(10_000, "how often silent clients are looked for",
                                                    min=100, max=600_000)
+    orphaned_lock_max_live_time_ms: int = setting(
+        32_000, "once a client's connection closes, its queue locks expire this long after their last renewal "
+        "(if sooner than rebalance_lock_max_live_time_ms); keep it above the clients' own lock lifetime "
+        "(30000) plus network delay, so a cut-off client has stopped consuming before another takes over",
+        min=0, max=3_600_000)
     rebalance_lock_max_live_time_ms: int = setting(60_000, "a queue lock not renewed this long may be taken over",
                                                    min=1_000, max=3_600_000)
     notify_consumer_ids_changed_enable: bool = setting(True, "push NOTIFY_CONSUMER_IDS_CHANGED on group changes")

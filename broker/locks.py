@@ -68,9 +68,11 @@ class LockOutcome(enum.Enum):
 
 @dataclass(slots=True)
 class _LockEntry:
-    # RocketMQ's LockEntry: the owner and when it last locked or renewed.
+    # RocketMQ's LockEntry: the owner and when it last locked or renewed. ``max_live_ms`` (trimq) shortens
+    # this entry's lifetime after its owner's connection closed (orphan_client); any lock or renewal clears it.
     client_id: str
     last_update_timestamp: int
+    max_live_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +269,7 @@ class RebalanceLockManager:
         if entry is None or entry.client_id != client_id or self._expired(entry, now):
             return False
         entry.last_update_timestamp = now
+        entry.max_live_ms = None
         self.stats.renewed += 1
         return True
 
@@ -311,6 +314,28 @@ class RebalanceLockManager:
         """
         owner = self.live_owner(group, mq)
         return owner is not None and owner != client_id
+
+    def orphan_client(self, client_id: str, max_live_ms: int) -> list[tuple[str, MessageQueue]]:
+        """Shorten the life of every lock ``client_id`` holds to ``max_live_ms`` after its last renewal (never
+        lengthen it); returns the (group, queue) pairs affected. trimq's addition, called when the client's
+        connection closes (e.g. the process was SIGKILLed): RocketMQ keeps such locks the full 60 s.
+
+        Safe when ``max_live_ms`` exceeds the client's own lock lifetime (30 s by default) plus network delay:
+        a client stops consuming a queue once its lock is that old counted from when it *sent* the renewal,
+        which is before the broker's ``last_update_timestamp``. A renewal over a new connection clears it.
+        """
+        _check_name("client_id", client_id)
+        if isinstance(max_live_ms, bool) or not isinstance(max_live_ms, int) or max_live_ms < 0:
+            raise ValueError(f"max_live_ms must be a non-negative integer (milliseconds), got {max_live_ms!r}")
+        affected = []
+        for group, entries in self._table.items():
+            for mq, entry in entries.items():
+                if entry.client_id != client_id:
+                    continue
+                current = self._max_live_ms if entry.max_live_ms is None else entry.max_live_ms
+                entry.max_live_ms = min(current, max_live_ms)
+                affected.append((group, mq))
+        return affected
 
     def unlock_all_for_client(self, group: str, client_id: str) -> list[MessageQueue]:
         """Release every lock ``client_id`` owns in ``group``, live or expired; returns them sorted.
@@ -362,7 +387,8 @@ class RebalanceLockManager:
 
     def _expired(self, entry: _LockEntry, now: int) -> bool:
         # Strictly greater: a lock exactly max_live_ms old is still live, as in RocketMQ's LockEntry.isExpired.
-        return now - entry.last_update_timestamp > self._max_live_ms
+        limit = self._max_live_ms if entry.max_live_ms is None else entry.max_live_ms
+        return now - entry.last_update_timestamp > limit
 
     def _lock_one(self, group: str, mq: MessageQueue, client_id: str, now: int) -> tuple[LockOutcome, str | None]:
         """One queue's lock attempt; returns the outcome and, when stolen or refused, the other client."""
@@ -377,6 +403,7 @@ class RebalanceLockManager:
         if not self._expired(entry, now):
             if entry.client_id == client_id:
                 entry.last_update_timestamp = now
+                entry.max_live_ms = None
                 self.stats.renewed += 1
                 return LockOutcome.RENEWED, None
             self.stats.refused += 1
@@ -384,6 +411,7 @@ class RebalanceLockManager:
         previous = entry.client_id
         entry.client_id = client_id
         entry.last_update_timestamp = now
+        entry.max_live_ms = None
         if previous == client_id:
             # Re-locking one's own lapsed lock is a fresh acquisition, not a theft from another client.
             self.stats.acquired += 1

@@ -180,8 +180,31 @@ async def test_closing_a_connection_removes_the_member_at_once(tmp_path: Path) -
         assert cm.find_channel(G, "leaver") is None
         assert cm.stats["closed"] == 1
         # Its lock is not freed by a mere disconnect: the client may still be consuming until its own lock
-        # lifetime runs out, so only UNREGISTER_CLIENT or the 60 s expiry hand the queue over.
+        # lifetime runs out, so only UNREGISTER_CLIENT or the (orphaned: 32 s) expiry hand the queue over.
         assert await lock(stayer.rc, addr, "stayer", [mq(0)]) == set()
+
+
+async def test_a_closed_members_locks_expire_32s_after_their_last_renewal_not_60s(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """A SIGKILLed consumer's queues move after orphaned_lock_max_live_time_ms (32 s: above the client's own
+    30 s lock lifetime), not after RocketMQ's 60 s; a member that reconnects and renews keeps its locks."""
+    async with running_broker(tmp_path) as broker, Member("dead") as dead, Member("alive") as alive, \
+            Member("back") as back:
+        addr = broker.address
+        for m in (dead, alive, back):
+            await m.heartbeat(addr)
+        assert await lock(dead.rc, addr, "dead", [mq(0)]) == {mq(0)}
+        assert await lock(back.rc, addr, "back", [mq(1)]) == {mq(1)}
+        dead.rc.close_address(addr)
+        back.rc.close_address(addr)
+        await trio.sleep(0.5)
+        await back.heartbeat(addr)  # reconnects at once and renews: its lock is its own again, full life
+        assert await lock(back.rc, addr, "back", [mq(1)]) == {mq(1)}
+        await trio.sleep(31.4)  # 31.9 s after the dead member's last renewal: still its own
+        assert await lock(alive.rc, addr, "alive", [mq(0)]) == set()
+        await trio.sleep(0.2)  # past 32 s
+        assert await lock(alive.rc, addr, "alive", [mq(0)]) == {mq(0)}
+        assert await lock(alive.rc, addr, "alive", [mq(1)]) == set()  # 'back' renewed over its new connection
 
 
 async def test_expiry_keeps_a_lock_its_silent_owner_still_renews(

@@ -481,3 +481,22 @@ class LockMachine(RuleBasedStateMachine):
 
 LockMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestLockMachine = LockMachine.TestCase
+
+
+def test_orphan_client_shortens_its_locks_never_lengthens_and_a_renewal_restores_them() -> None:
+    clock = FakeClock()
+    m = RebalanceLockManager(max_live_ms=60_000, now_ms=clock)
+    assert m.try_lock("g", MQ0, "c1") and m.try_lock("g2", MQ1, "c1") and m.try_lock("g", MQ1, "c2")
+    assert sorted(m.orphan_client("c1", 32_000)) == [("g", MQ0), ("g2", MQ1)]
+    assert m.orphan_client("c1", 90_000) == [("g", MQ0), ("g2", MQ1)]  # never lengthened
+    clock.advance(32_000)
+    assert not m.try_lock("g", MQ0, "c3")  # exactly 32 s: still live (strictly greater, as RocketMQ)
+    clock.advance(1)
+    assert m.try_lock("g", MQ0, "c3")  # taken over
+    assert m.live_owner("g", MQ1) == "c2"  # other clients' locks untouched
+    m.orphan_client("c2", 1_000)
+    assert m.try_lock("g", MQ1, "c2")  # its own renewal clears the shortened life
+    clock.advance(30_000)
+    assert m.live_owner("g", MQ1) == "c2"
+    with pytest.raises(ValueError):
+        m.orphan_client("c2", -1)

@@ -12,7 +12,6 @@ import pytest
 import trio
 import trio.testing
 
-from client.api import SendResult, SendStatus
 from client.config import PushConsumerConfig
 from client.consume.common import (
     CMResult,
@@ -22,11 +21,11 @@ from client.consume.common import (
 )
 from client.consume.concurrently import ConsumeMessageConcurrentlyService
 from client.errors import MQBrokerError, MQClientError
-from client.instance import TopicPublishInfo
 from client.process_queue import ProcessQueue
 from client.remoting import RemotingConnectError
 from protocol.message import MessageConst, MessageExt
 from protocol.message_queue import MessageQueue
+from tests.unit.consume_fakes import FakeApi, FakeClient, FakeOffsets
 
 G, T = "cg", "Orders"
 MQ = MessageQueue(T, "broker-a", 1)
@@ -41,36 +40,6 @@ def msg(offset: int, topic: str = T, reconsume: int = 0, **props: str) -> Messag
                       prepared_transaction_offset=0, body_crc=0, store_size=0, msg_id=f"ID{offset:04d}")
 
 
-class FakeApi:
-    def __init__(self) -> None:
-        self.send_backs: list[dict[str, Any]] = []
-        self.sends: list[dict[str, Any]] = []
-        self.send_back_error: Exception | None = None
-        self.send_error: Exception | None = None
-
-    async def consumer_send_msg_back(self, addr: str, **kw: Any) -> None:
-        self.send_backs.append({"addr": addr, **kw})
-        if self.send_back_error is not None:
-            raise self.send_back_error
-
-    async def send_message(self, addr: str, broker_name: str, **kw: Any) -> SendResult:
-        self.sends.append({"addr": addr, **kw})
-        if self.send_error is not None:
-            raise self.send_error
-        return SendResult(SendStatus.SEND_OK, "id", MessageQueue(kw["topic"], broker_name, kw["queue_id"]), 0)
-
-
-class FakeClient:
-    def __init__(self) -> None:
-        self.api = FakeApi()
-
-    async def find_broker_addr(self, broker_name: str, topic: str | None = None) -> str | None:
-        return "10.0.0.1:10911"
-
-    async def get_publish_info(self, topic: str, **kw: Any) -> TopicPublishInfo | None:
-        return TopicPublishInfo([MessageQueue(topic, "broker-a", 0)])
-
-
 class FakeRebalance:
     def __init__(self) -> None:
         self.process_queue_table: dict[MessageQueue, ProcessQueue] = {}
@@ -83,14 +52,6 @@ class FakeRebalance:
 
     async def lock(self, mq: MessageQueue) -> bool:
         return True
-
-
-class FakeOffsets:
-    def __init__(self) -> None:
-        self.updates: list[tuple[MessageQueue, int, bool]] = []
-
-    def update_offset(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
-        self.updates.append((mq, offset, increase_only))
 
 
 def now_ms() -> int:

@@ -14,7 +14,6 @@ import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from client.api import SendResult, SendStatus
 from client.config import PushConsumerConfig
 from client.consume.common import (
     CMResult,
@@ -26,11 +25,11 @@ from client.consume.common import (
 )
 from client.consume.orderly import ConsumeMessageOrderlyService, clamp_suspend_millis
 from client.errors import MQBrokerError, MQClientError
-from client.instance import TopicPublishInfo
 from client.process_queue import ProcessQueue
 from client.remoting import RemotingTimeoutError
 from protocol.message import MessageConst, MessageExt
 from protocol.message_queue import MessageQueue
+from tests.unit.consume_fakes import FakeApi, FakeClient, FakeOffsets
 
 G, T = "og", "Orders"
 MQ = MessageQueue(T, "broker-a", 0)
@@ -42,36 +41,6 @@ def msg(offset: int, body: bytes = b"x", topic: str = T, reconsume: int = 0, **p
                       commit_log_offset=1000 + offset, sys_flag=0, born_timestamp=0, born_host=("127.0.0.1", 1),
                       store_timestamp=0, store_host=("127.0.0.1", 10911), reconsume_times=reconsume,
                       prepared_transaction_offset=0, body_crc=0, store_size=0, msg_id=f"ID{offset:04d}")
-
-
-class FakeApi:
-    def __init__(self) -> None:
-        self.send_backs: list[dict[str, Any]] = []
-        self.sends: list[dict[str, Any]] = []
-        self.send_back_error: Exception | None = None
-        self.send_error: Exception | None = None
-
-    async def consumer_send_msg_back(self, addr: str, **kw: Any) -> None:
-        self.send_backs.append({"addr": addr, **kw})
-        if self.send_back_error is not None:
-            raise self.send_back_error
-
-    async def send_message(self, addr: str, broker_name: str, **kw: Any) -> SendResult:
-        self.sends.append({"addr": addr, **kw})
-        if self.send_error is not None:
-            raise self.send_error
-        return SendResult(SendStatus.SEND_OK, "id", MessageQueue(kw["topic"], broker_name, kw["queue_id"]), 0)
-
-
-class FakeClient:
-    def __init__(self) -> None:
-        self.api = FakeApi()
-
-    async def find_broker_addr(self, broker_name: str, topic: str | None = None) -> str | None:
-        return "10.0.0.1:10911"
-
-    async def get_publish_info(self, topic: str, **kw: Any) -> TopicPublishInfo | None:
-        return TopicPublishInfo([MessageQueue(topic, "broker-a", 0)])
 
 
 class FakeRebalance:
@@ -98,14 +67,6 @@ class FakeRebalance:
             pq.locked = True
             pq.last_lock_timestamp = self.clock()
         return ok
-
-
-class FakeOffsets:
-    def __init__(self) -> None:
-        self.updates: list[tuple[MessageQueue, int, bool]] = []
-
-    def update_offset(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
-        self.updates.append((mq, offset, increase_only))
 
 
 def now_ms() -> int:

@@ -31,7 +31,7 @@ import enum
 import functools
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -590,6 +590,16 @@ class ConsumeServiceBase:
 
     def _init_state(self) -> None:
         """Per-service state, set up by each service after the shared part."""
+
+    async def _consume_directly(self, msg: MessageExt, context: Any, status_kind: type[E],
+                                results: Mapping[E | None, CMResult]) -> tuple[CMResult, str | None, int]:
+        """Run the listener on one message outside the queues (RocketMQ's consumeMessageDirectly); returns
+        the result (``results`` maps the listener's status), the error remark and the time spent."""
+        reset_retry_and_namespace([msg], self.consumer_group)
+        outcome = await self.invoker.invoke([msg], context)
+        if outcome.error is not None:
+            return CMResult.CR_THROW_EXCEPTION, f"{type(outcome.error).__name__}: {outcome.error}", outcome.spent_ms
+        return results[normalize_status(outcome.value, status_kind)], None, outcome.spent_ms
 
     # --- wiring ------------------------------------------------------------------------------------
 

@@ -56,6 +56,14 @@ SEND_BACK_FAILED_RETRY_MS = 5000
 EXPIRED_SEND_BACK_DELAY_LEVEL = ProcessQueue.SEND_BACK_DELAY_LEVEL
 
 
+#: RocketMQ's mapping of a listener status to CMResult for consumeMessageDirectly.
+_DIRECT_RESULTS: dict[ConsumeConcurrentlyStatus | None, CMResult] = {
+    None: CMResult.CR_RETURN_NULL,
+    ConsumeConcurrentlyStatus.CONSUME_SUCCESS: CMResult.CR_SUCCESS,
+    ConsumeConcurrentlyStatus.RECONSUME_LATER: CMResult.CR_LATER,
+}
+
+
 class ConsumeMessageConcurrentlyService(ConsumeServiceBase):
     """The concurrent consume service (see the module documentation)."""
 
@@ -280,20 +288,8 @@ class ConsumeMessageConcurrentlyService(ConsumeServiceBase):
     async def consume_message_directly(self, msg: MessageExt, broker_name: str) -> ConsumeMessageDirectlyResult:
         """Run the listener on one message outside the queues (RocketMQ's consumeMessageDirectly)."""
         mq = MessageQueue(msg.topic, broker_name, msg.queue_id)
-        context = ConsumeConcurrentlyContext(mq)
-        reset_retry_and_namespace([msg], self.consumer_group)
         msg.properties[MessageConst.CONSUME_START_TIME] = str(self.wall_clock())
-        outcome = await self.invoker.invoke([msg], context)
-        remark = None
-        if outcome.error is not None:
-            result = CMResult.CR_THROW_EXCEPTION
-            remark = f"{type(outcome.error).__name__}: {outcome.error}"
-        else:
-            status = normalize_status(outcome.value, ConsumeConcurrentlyStatus)
-            result = {
-                None: CMResult.CR_RETURN_NULL,
-                ConsumeConcurrentlyStatus.CONSUME_SUCCESS: CMResult.CR_SUCCESS,
-                ConsumeConcurrentlyStatus.RECONSUME_LATER: CMResult.CR_LATER,
-            }[status]
+        result, remark, spent = await self._consume_directly(msg, ConsumeConcurrentlyContext(mq),
+                                                             ConsumeConcurrentlyStatus, _DIRECT_RESULTS)
         return ConsumeMessageDirectlyResult(order=False, auto_commit=True, consume_result=result, remark=remark,
-                                            spent_time_millis=outcome.spent_ms)
+                                            spent_time_millis=spent)

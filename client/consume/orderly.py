@@ -472,23 +472,20 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
         """Run the listener on one message outside the queues (RocketMQ's consumeMessageDirectly)."""
         mq = MessageQueue(msg.topic, broker_name, msg.queue_id)
         context = ConsumeOrderlyContext(mq)
-        reset_retry_and_namespace([msg], self.consumer_group)
-        outcome = await self.invoker.invoke([msg], context)
-        remark = None
-        if outcome.error is not None:
-            result = CMResult.CR_THROW_EXCEPTION
-            remark = f"{type(outcome.error).__name__}: {outcome.error}"
-        else:
-            status = normalize_status(outcome.value, ConsumeOrderlyStatus)
-            result = {
-                None: CMResult.CR_RETURN_NULL,
-                ConsumeOrderlyStatus.COMMIT: CMResult.CR_COMMIT,
-                ConsumeOrderlyStatus.ROLLBACK: CMResult.CR_ROLLBACK,
-                ConsumeOrderlyStatus.SUCCESS: CMResult.CR_SUCCESS,
-                ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT: CMResult.CR_LATER,
-            }[status]
+        result, remark, spent = await self._consume_directly(msg, context, ConsumeOrderlyStatus, _DIRECT_RESULTS)
         return ConsumeMessageDirectlyResult(order=True, auto_commit=context.auto_commit, consume_result=result,
-                                            remark=remark, spent_time_millis=outcome.spent_ms)
+                                            remark=remark, spent_time_millis=spent)
+
+
+#: RocketMQ's mapping of a listener status to CMResult for consumeMessageDirectly (None: the listener returned
+#: nothing).
+_DIRECT_RESULTS: dict[ConsumeOrderlyStatus | None, CMResult] = {
+    None: CMResult.CR_RETURN_NULL,
+    ConsumeOrderlyStatus.COMMIT: CMResult.CR_COMMIT,
+    ConsumeOrderlyStatus.ROLLBACK: CMResult.CR_ROLLBACK,
+    ConsumeOrderlyStatus.SUCCESS: CMResult.CR_SUCCESS,
+    ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT: CMResult.CR_LATER,
+}
 
 
 class _LockLapsed(Exception):

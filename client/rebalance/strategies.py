@@ -112,16 +112,18 @@ class SplitRoomResolver:
 # Validation shared by the strategies
 
 
-def _check_common(current_cid: object, mq_all: object, cid_all: object) -> None:
-    """RocketMQ's checks for AVG, AVG_BY_CIRCLE, CONSISTENT_HASH(+BOUNDED), MACHINE_ROOM_NEARBY, in order."""
+def _check_common(current_cid: object, mq_all: object, cid_all: Any) -> bool:
+    """RocketMQ's checks for AVG, AVG_BY_CIRCLE, CONSISTENT_HASH(+BOUNDED), MACHINE_ROOM_NEARBY, in order; then
+    whether ``current_cid`` is a member (an outsider gets nothing: RocketMQ logs "[BUG]" and returns empty)."""
     if current_cid is None or (isinstance(current_cid, str) and len(current_cid) < 1):
         raise ValueError("currentCID is empty")
     if not isinstance(current_cid, str):
         raise TypeError(f"currentCID must be a str, got {type(current_cid).__name__}")
     if mq_all is None or len(mq_all) == 0:  # type: ignore[arg-type]
         raise ValueError("mqAll is null or mqAll empty")
-    if cid_all is None or len(cid_all) == 0:  # type: ignore[arg-type]
+    if cid_all is None or len(cid_all) == 0:
         raise ValueError("cidAll is null or cidAll empty")
+    return current_cid in cid_all
 
 
 def _java_split(text: str, sep: str) -> list[str]:
@@ -146,8 +148,7 @@ class AllocateMessageQueueAveragely:
     def allocate(
         self, consumer_group: str, current_cid: str, mq_all: Sequence[MessageQueue], cid_all: Sequence[str]
     ) -> list[MessageQueue]:
-        _check_common(current_cid, mq_all, cid_all)
-        if current_cid not in cid_all:
+        if not _check_common(current_cid, mq_all, cid_all):
             return []
         index = list(cid_all).index(current_cid)
         n, c = len(mq_all), len(cid_all)
@@ -171,8 +172,7 @@ class AllocateMessageQueueAveragelyByCircle:
     def allocate(
         self, consumer_group: str, current_cid: str, mq_all: Sequence[MessageQueue], cid_all: Sequence[str]
     ) -> list[MessageQueue]:
-        _check_common(current_cid, mq_all, cid_all)
-        if current_cid not in cid_all:
+        if not _check_common(current_cid, mq_all, cid_all):
             return []
         index = list(cid_all).index(current_cid)
         return [mq_all[j] for j in range(index, len(mq_all), len(cid_all))]
@@ -286,8 +286,7 @@ class AllocateMachineRoomNearby:
     def allocate(
         self, consumer_group: str, current_cid: str, mq_all: Sequence[MessageQueue], cid_all: Sequence[str]
     ) -> list[MessageQueue]:
-        _check_common(current_cid, mq_all, cid_all)
-        if current_cid not in cid_all:
+        if not _check_common(current_cid, mq_all, cid_all):
             return []
         # Rooms sorted by name, Java's TreeMap<String, ...> order; input order kept inside a room.
         mr2mq: dict[str, list[MessageQueue]] = {}
@@ -409,8 +408,7 @@ class AllocateMessageQueueConsistentHash:
     def allocate(
         self, consumer_group: str, current_cid: str, mq_all: Sequence[MessageQueue], cid_all: Sequence[str]
     ) -> list[MessageQueue]:
-        _check_common(current_cid, mq_all, cid_all)
-        if current_cid not in cid_all:
+        if not _check_common(current_cid, mq_all, cid_all):
             return []
         router = ConsistentHashRouter(cid_all, self.virtual_node_count, self.hash_function)
         return [mq for mq in mq_all if router.route_node(str(mq)) == current_cid]
@@ -476,8 +474,7 @@ class AllocateMessageQueueConsistentHashBounded:
     def allocate(
         self, consumer_group: str, current_cid: str, mq_all: Sequence[MessageQueue], cid_all: Sequence[str]
     ) -> list[MessageQueue]:
-        _check_common(current_cid, mq_all, cid_all)
-        if current_cid not in cid_all:
+        if not _check_common(current_cid, mq_all, cid_all):
             return []
         return self.assignment(mq_all, cid_all)[current_cid]
 

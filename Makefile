@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[spark,test,lint,bench]'
 	touch $(STAMP)
 
@@ -20,10 +20,17 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 demo: $(STAMP)
-	$(BIN)/python -m client.demo
+	$(BIN)/python -m trimq.client.demo
+
+# mypy reads the layer folders through build/typecheck/trimq, links that lay them out as installed.
+TYPECHECK := build/typecheck/trimq
+LAYERS := protocol broker client spark_jobs
 
 lint: $(STAMP)
-	$(BIN)/ruff check protocol broker client spark_jobs tests bench
+	$(BIN)/ruff check trimq $(LAYERS) tests bench setup.py
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)
+	cp trimq/__init__.py trimq/py.typed $(TYPECHECK)/
+	for layer in $(LAYERS); do ln -s ../../../$$layer $(TYPECHECK)/$$layer; done
 	$(BIN)/mypy
 
 bench: $(STAMP)

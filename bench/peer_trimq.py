@@ -162,7 +162,7 @@ def start_server(workdir: str, args: Any) -> Any:
 
 
 def _quiet_logs() -> None:
-    from protocol.logs import configure_logging
+    from trimq.protocol.logs import configure_logging
 
     configure_logging("json", "warning")
 
@@ -194,8 +194,8 @@ def _run_trio(fn: Any, *a: Any) -> Any:
 async def _setup_trio(args: Any) -> None:
     import trio
 
-    from client.api import MQClientAPI
-    from client.remoting import RemotingClient
+    from trimq.client.api import MQClientAPI
+    from trimq.client.remoting import RemotingClient
 
     _quiet_logs()
     addr = broker_addr(args)
@@ -226,7 +226,7 @@ async def produce(args: Any, work: list[tuple[int, str, int, int]], maker: Any) 
 async def _produce_trio(args: Any, work: list[tuple[int, str, int, int]], maker: Any) -> dict[str, Any]:
     import trio
 
-    from client import Message, Producer, ProducerConfig
+    from trimq.client import Message, Producer, ProducerConfig
 
     _quiet_logs()
     cfg = ProducerConfig(producer_group=PRODUCER_GROUP, namesrv_addr=broker_addr(args))
@@ -264,7 +264,7 @@ async def _produce_trio(args: Any, work: list[tuple[int, str, int, int]], maker:
 # ---------------------------------------------------------------------------------------------- consumers
 
 def consumer_config(args: Any, cid: int) -> Any:
-    from client import PushConsumerConfig
+    from trimq.client import PushConsumerConfig
 
     return PushConsumerConfig(
         consumer_group=GROUP, namesrv_addr=broker_addr(args), instance_name=f"c{cid}-{os.getpid()}",
@@ -323,7 +323,7 @@ async def consume(args: Any, cid: int, queues: Any, rec: Any, ready: Any) -> Non
 async def _consume_trio(args: Any, cid: int, rec: Any, ready: Any) -> None:
     import trio
 
-    from client import ConsumeOrderlyStatus, PushConsumer
+    from trimq.client import ConsumeOrderlyStatus, PushConsumer
 
     _quiet_logs()
     # Messages per queue, to know when the queues held are consumed: from the producer's report when the run

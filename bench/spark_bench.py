@@ -9,7 +9,7 @@ patched queue and physical offsets, so generation costs little more than writing
 
 Then it reads the same files twice, side by side in one run:
 
-* plain: ``spark_jobs.parser`` in this one process, whole segments, rows as tuples (CRC checked);
+* plain: ``trimq.spark_jobs.parser`` in this one process, whole segments, rows as tuples (CRC checked);
 * spark: ``spark.read.format("trimq-commitlog")`` on ``--master`` (local[2] by default), byte-range
   partitions of ``--split-size``, Arrow batches, aggregated on the JVM side (count, bytes, CRC failures).
 
@@ -33,8 +33,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from protocol.message import encode_properties
-from protocol.record import encode_blank, encode_record
+from trimq.protocol.message import encode_properties
+from trimq.protocol.record import encode_blank, encode_record
 
 SEGMENT_SIZE = 1 << 30
 BLOCK_TARGET = 4 << 20
@@ -189,7 +189,7 @@ class RssSampler:
 
 def run_plain(store: Path) -> tuple[float, int, int, int]:
     """Single process: every segment whole, rows as tuples. Returns (seconds, rows, bytes, crc failures)."""
-    from spark_jobs.parser import COLUMN_INDEX, scan_paths
+    from trimq.spark_jobs.parser import COLUMN_INDEX, scan_paths
 
     i_size, i_crc = COLUMN_INDEX["total_size"], COLUMN_INDEX["crc_ok"]
     rows = size = bad = 0
@@ -216,8 +216,8 @@ def run_spark(
     rows/bytes/CRC failures, the sampler of all timed runs and the session start time."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.commitlog_source import FORMAT_NAME, register
-    from spark_jobs.session import build_session, stop_session
+    from trimq.spark_jobs.commitlog_source import FORMAT_NAME, register
+    from trimq.spark_jobs.session import build_session, stop_session
 
     t0 = time.perf_counter()
     spark = build_session(master, app_name="trimq-spark-bench", conf={"spark.driver.memory": "2g"})

@@ -40,9 +40,9 @@ from typing import Any
 
 import trio
 
-from client.remoting import RemotingClient
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
+from trimq.client.remoting import RemotingClient
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
 
 QUEUES = 4
 TOPIC = "Bench"
@@ -127,7 +127,7 @@ def _profiled_broker(out: str, args: list[str]) -> None:
     """Run ``trimq-broker ARGS`` under cProfile, writing the stats to ``out`` at a graceful stop."""
     import cProfile
 
-    from broker.cli import main
+    from trimq.broker.cli import main
 
     prof = cProfile.Profile(time.process_time)
     prof.enable()

@@ -59,7 +59,7 @@ def role_consume(args: argparse.Namespace) -> None:
 async def _consume(args: argparse.Namespace) -> None:
     import trio
 
-    from client import ConsumeOrderlyStatus, PushConsumer, PushConsumerConfig
+    from trimq.client import ConsumeOrderlyStatus, PushConsumer, PushConsumerConfig
 
     peer_trimq._quiet_logs()
     outdir = args.outdir
@@ -135,7 +135,7 @@ def role_produce(args: argparse.Namespace) -> None:
 async def _produce(args: argparse.Namespace) -> None:
     import trio
 
-    from client import Message, Producer, ProducerConfig
+    from trimq.client import Message, Producer, ProducerConfig
 
     peer_trimq._quiet_logs()
     work = common.gen_workload(args)

@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from broker.config import ConfigError
-from protocol.address import parse_address
-from protocol.codes import RequestCode, code_name
-from protocol.command import RemotingCommand
-from protocol.signature import (
+from trimq.broker.config import ConfigError
+from trimq.protocol.address import parse_address
+from trimq.protocol.codes import RequestCode, code_name
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.signature import (
     ACCESS_KEY,
     SIGNATURE,
     calc_signature,
@@ -37,7 +37,7 @@ from protocol.signature import (
     canonical_value,
     sign_command,
 )
-from protocol.validation import RETRY_GROUP_TOPIC_PREFIX
+from trimq.protocol.validation import RETRY_GROUP_TOPIC_PREFIX
 
 # RocketMQ's Permission bits.
 DENY = 1

@@ -3,7 +3,7 @@
 A service is an object with ``name``, ``async start()`` (load state; services start in list order, so the
 store is open before anything that needs it), ``async run(task_status)`` (its background loops, cancelled on
 stop) and ``async stop()`` (persist; called in reverse order after the server drained). Services register
-their request handlers on ``broker.server`` in their constructors.
+their request handlers on ``trimq.broker.server`` in their constructors.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 import trio
 
-from broker.config import BrokerConfig, ConfigError
-from broker.server import RemotingServer, server_ssl_context, tls_listeners
-from protocol.address import format_address, parse_address
-from protocol.logs import get_logger
+from trimq.broker.config import BrokerConfig, ConfigError
+from trimq.broker.server import RemotingServer, server_ssl_context, tls_listeners
+from trimq.protocol.address import format_address, parse_address
+from trimq.protocol.logs import get_logger
 
 log = get_logger("trimq.broker")
 
@@ -68,19 +68,19 @@ class Broker:
         self.ssl_context = _server_ssl_context(config)
         self.acl: Any = None  # broker.acl.AccessValidator when acl_file is set
         if config.acl_file:
-            from broker.acl import AccessValidator, load_acl
+            from trimq.broker.acl import AccessValidator, load_acl
 
             acl = self.acl = AccessValidator(load_acl(config.acl_file))
             self.server.authorizer = lambda cmd, conn: acl.check(cmd, conn.remote)
         self.services: list[BrokerService] = []
         self.components: dict[str, Any] = {}
         self.started = trio.Event()
-        from broker.services import build_services
+        from trimq.broker.services import build_services
 
         build_services(self)
         self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics_port is set
         if config.metrics_port:
-            from broker.metrics import BrokerMetrics
+            from trimq.broker.metrics import BrokerMetrics
 
             self.metrics = BrokerMetrics(self)  # installs its hooks before anything is served
 

@@ -10,8 +10,8 @@ from typing import Any
 import click
 import trio
 
-from broker.config import BrokerConfig, ConfigError, describe_settings, load_settings
-from protocol.logs import configure_logging, get_logger
+from trimq.broker.config import BrokerConfig, ConfigError, describe_settings, load_settings
+from trimq.protocol.logs import configure_logging, get_logger
 
 log = get_logger("trimq.broker.cli")
 
@@ -91,7 +91,7 @@ def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, em
     if print_config:
         click.echo(json.dumps({s["name"]: s["value"] for s in describe_settings(config)}, indent=2))
         return
-    from broker.broker import Broker
+    from trimq.broker.broker import Broker
 
     try:
         broker = Broker(config)  # reads the TLS files and the ACL file: errors name the file and the field

@@ -11,9 +11,9 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.address import parse_address
-from protocol.frame import DEFAULT_MAX_FRAME_BYTES
-from protocol.settings import (  # noqa: F401  (re-exported: the daemons' settings API)
+from trimq.protocol.address import parse_address
+from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
+from trimq.protocol.settings import (  # noqa: F401  (re-exported: the daemons' settings API)
     CONFIG_SECTIONS,
     ConfigError,
     build_settings,
@@ -120,7 +120,7 @@ class BrokerConfig:
             except ValueError as exc:
                 raise ConfigError(f"namesrv_addr = {self.namesrv_addr!r}: {exc}") from None
         try:
-            from broker.store.delay_levels import DelayLevelTable
+            from trimq.broker.store.delay_levels import DelayLevelTable
 
             DelayLevelTable.parse(self.message_delay_level)
         except ValueError as exc:

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from protocol.logs import get_logger
-from protocol.validation import InvalidNameError, check_group, check_topic
+from trimq.protocol.logs import get_logger
+from trimq.protocol.validation import InvalidNameError, check_group, check_topic
 
 if TYPE_CHECKING:
-    from broker.server import Connection
+    from trimq.broker.server import Connection
 
 log = get_logger("trimq.broker.consumers")
 

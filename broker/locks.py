@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
-from protocol.message_queue import MessageQueue
+from trimq.protocol.message_queue import MessageQueue
 
 __all__ = [
     "DEFAULT_LOCK_MAX_LIVE_MS",

@@ -23,14 +23,14 @@ import trio
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from protocol.codes import code_name
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.metrics_http import serve_metrics
-from protocol.validation import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
+from trimq.protocol.codes import code_name
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.metrics_http import serve_metrics
+from trimq.protocol.validation import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import RemotingServer
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import RemotingServer
 
 log = get_logger("trimq.metrics")
 
@@ -402,7 +402,7 @@ class BrokerMetrics:
         ProcessCollector(registry=self.registry)
         namesrv = broker.components.get("namesrv")
         if namesrv is not None:
-            from broker.namesrv.metrics import NamesrvCollector
+            from trimq.broker.namesrv.metrics import NamesrvCollector
 
             self.registry.register(NamesrvCollector(namesrv, include_server=False))
 

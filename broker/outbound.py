@@ -13,11 +13,11 @@ from types import TracebackType
 
 import trio
 
-from protocol.address import parse_address
-from protocol.command import RemotingCommand
-from protocol.errors import ProtocolError
-from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from protocol.logs import get_logger
+from trimq.protocol.address import parse_address
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import ProtocolError
+from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from trimq.protocol.logs import get_logger
 
 log = get_logger("trimq.outbound")
 

@@ -33,12 +33,12 @@ from typing import Any
 
 import trio
 
-from protocol.address import format_address
-from protocol.codes import ResponseCode, code_name
-from protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
-from protocol.errors import ProtocolError
-from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.address import format_address
+from trimq.protocol.codes import ResponseCode, code_name
+from trimq.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
+from trimq.protocol.errors import ProtocolError
+from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 
 log = get_logger("trimq.server")
 

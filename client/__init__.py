@@ -2,7 +2,7 @@
 
 ::
 
-    from client import PushConsumer, PushConsumerConfig, ConsumeOrderlyStatus
+    from trimq.client import PushConsumer, PushConsumerConfig, ConsumeOrderlyStatus
 
     consumer = PushConsumer(PushConsumerConfig(consumer_group="g", namesrv_addr="127.0.0.1:9876"))
     consumer.subscribe("Orders", "*")
@@ -19,9 +19,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from client.api import SendResult, SendStatus
-    from client.config import ClientConfig, ConfigError, ProducerConfig, PushConsumerConfig
-    from client.consume.common import (
+    from trimq.client.api import SendResult, SendStatus
+    from trimq.client.config import ClientConfig, ConfigError, ProducerConfig, PushConsumerConfig
+    from trimq.client.consume.common import (
         CMResult,
         ConsumeConcurrentlyContext,
         ConsumeConcurrentlyStatus,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         ConsumeReturnType,
         MessageModel,
     )
-    from client.errors import (
+    from trimq.client.errors import (
         BrokerNotFoundError,
         ClientClosedError,
         ClientIdConflictError,
@@ -58,78 +58,78 @@ if TYPE_CHECKING:
         TopicNotExistError,
         TrimqClientError,
     )
-    from client.instance import ClientInstance
-    from client.metrics import ConsumerMetrics
-    from client.producer import Producer
-    from client.push_consumer import PushConsumer
-    from client.runner import RunnerClosedError, TrioRunner
-    from client.selectors import (
+    from trimq.client.instance import ClientInstance
+    from trimq.client.metrics import ConsumerMetrics
+    from trimq.client.producer import Producer
+    from trimq.client.push_consumer import PushConsumer
+    from trimq.client.runner import RunnerClosedError, TrioRunner
+    from trimq.client.selectors import (
         MessageQueueSelector,
         SelectMessageQueueByHash,
         select_by_hash,
         select_by_java_hash,
         select_random,
     )
-    from protocol.message import Message, MessageConst, MessageExt
-    from protocol.message_queue import MessageQueue
+    from trimq.protocol.message import Message, MessageConst, MessageExt
+    from trimq.protocol.message_queue import MessageQueue
 
 # Names are imported on first use, so that importing a pure core (client.process_queue,
 # client.rebalance.strategies, ...) does not pull in trio and the whole SDK.
 _EXPORTS: dict[str, str] = {
-    "BrokerNotFoundError": "client.errors",
-    "CMResult": "client.consume.common",
-    "ClientClosedError": "client.errors",
-    "ClientConfig": "client.config",
-    "ClientIdConflictError": "client.errors",
-    "ClientInstance": "client.instance",
-    "ConfigError": "client.config",
-    "ConsumeConcurrentlyContext": "client.consume.common",
-    "ConsumeConcurrentlyStatus": "client.consume.common",
-    "ConsumeFromWhere": "client.consume.common",
-    "ConsumeMessageDirectlyResult": "client.consume.common",
-    "ConsumeOrderlyContext": "client.consume.common",
-    "ConsumeOrderlyStatus": "client.consume.common",
-    "ConsumeReturnType": "client.consume.common",
-    "ConsumerMetrics": "client.metrics",
-    "EmptyBodyError": "client.errors",
-    "ForbiddenTopicError": "client.errors",
-    "InvalidMessageError": "client.errors",
-    "InvalidTopicError": "client.errors",
-    "MQBrokerError": "client.errors",
-    "MQClientError": "client.errors",
-    "Message": "protocol.message",
-    "MessageConst": "protocol.message",
-    "MessageExt": "protocol.message",
-    "MessageModel": "client.consume.common",
-    "MessageQueue": "protocol.message_queue",
-    "MessageQueueSelector": "client.selectors",
-    "MessageTooLargeError": "client.errors",
-    "NoNameServerError": "client.errors",
-    "NoPermissionError": "client.errors",
-    "NoRouteError": "client.errors",
-    "OffsetNotFoundError": "client.errors",
-    "OffsetUnavailableError": "client.errors",
-    "Producer": "client.producer",
-    "ProducerConfig": "client.config",
-    "PushConsumer": "client.push_consumer",
-    "PushConsumerConfig": "client.config",
-    "RemotingClosedError": "client.errors",
-    "RemotingConnectError": "client.errors",
-    "RemotingError": "client.errors",
-    "RemotingTimeoutError": "client.errors",
-    "RunnerClosedError": "client.runner",
-    "SelectMessageQueueByHash": "client.selectors",
-    "SelectorError": "client.errors",
-    "SendFailedError": "client.errors",
-    "SendResult": "client.api",
-    "SendStatus": "client.api",
-    "SubscriptionGroupNotExistError": "client.errors",
-    "TopicNotExistError": "client.errors",
-    "TrimqClientError": "client.errors",
-    "TrioRunner": "client.runner",
-    "select_by_hash": "client.selectors",
-    "select_by_java_hash": "client.selectors",
-    "select_random": "client.selectors",
+    "BrokerNotFoundError": "trimq.client.errors",
+    "CMResult": "trimq.client.consume.common",
+    "ClientClosedError": "trimq.client.errors",
+    "ClientConfig": "trimq.client.config",
+    "ClientIdConflictError": "trimq.client.errors",
+    "ClientInstance": "trimq.client.instance",
+    "ConfigError": "trimq.client.config",
+    "ConsumeConcurrentlyContext": "trimq.client.consume.common",
+    "ConsumeConcurrentlyStatus": "trimq.client.consume.common",
+    "ConsumeFromWhere": "trimq.client.consume.common",
+    "ConsumeMessageDirectlyResult": "trimq.client.consume.common",
+    "ConsumeOrderlyContext": "trimq.client.consume.common",
+    "ConsumeOrderlyStatus": "trimq.client.consume.common",
+    "ConsumeReturnType": "trimq.client.consume.common",
+    "ConsumerMetrics": "trimq.client.metrics",
+    "EmptyBodyError": "trimq.client.errors",
+    "ForbiddenTopicError": "trimq.client.errors",
+    "InvalidMessageError": "trimq.client.errors",
+    "InvalidTopicError": "trimq.client.errors",
+    "MQBrokerError": "trimq.client.errors",
+    "MQClientError": "trimq.client.errors",
+    "Message": "trimq.protocol.message",
+    "MessageConst": "trimq.protocol.message",
+    "MessageExt": "trimq.protocol.message",
+    "MessageModel": "trimq.client.consume.common",
+    "MessageQueue": "trimq.protocol.message_queue",
+    "MessageQueueSelector": "trimq.client.selectors",
+    "MessageTooLargeError": "trimq.client.errors",
+    "NoNameServerError": "trimq.client.errors",
+    "NoPermissionError": "trimq.client.errors",
+    "NoRouteError": "trimq.client.errors",
+    "OffsetNotFoundError": "trimq.client.errors",
+    "OffsetUnavailableError": "trimq.client.errors",
+    "Producer": "trimq.client.producer",
+    "ProducerConfig": "trimq.client.config",
+    "PushConsumer": "trimq.client.push_consumer",
+    "PushConsumerConfig": "trimq.client.config",
+    "RemotingClosedError": "trimq.client.errors",
+    "RemotingConnectError": "trimq.client.errors",
+    "RemotingError": "trimq.client.errors",
+    "RemotingTimeoutError": "trimq.client.errors",
+    "RunnerClosedError": "trimq.client.runner",
+    "SelectMessageQueueByHash": "trimq.client.selectors",
+    "SelectorError": "trimq.client.errors",
+    "SendFailedError": "trimq.client.errors",
+    "SendResult": "trimq.client.api",
+    "SendStatus": "trimq.client.api",
+    "SubscriptionGroupNotExistError": "trimq.client.errors",
+    "TopicNotExistError": "trimq.client.errors",
+    "TrimqClientError": "trimq.client.errors",
+    "TrioRunner": "trimq.client.runner",
+    "select_by_hash": "trimq.client.selectors",
+    "select_by_java_hash": "trimq.client.selectors",
+    "select_random": "trimq.client.selectors",
 }
 
 __all__ = [

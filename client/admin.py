@@ -11,7 +11,7 @@ people, ``--json`` for scripts (one JSON document on stdout). Errors go to stder
 
 The operations are methods of :class:`Admin` (async, returning the JSON document), so they can be used from
 trio code too; the click commands run them with ``trio.run`` and print them with the renderers of
-:mod:`client.admin_format`.
+:mod:`trimq.client.admin_format`.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from typing import Any, NoReturn, TypeVar
 import click
 import trio
 
-from client import admin_format as fmt
-from client.admin_allocate import allocate_command
-from client.api import MQClientAPI, PullStatus
-from client.errors import MQBrokerError, MQClientError, TopicNotExistError, TrimqClientError
-from client.remoting import RemotingClient, RemotingError
-from protocol.codes import RequestCode, ResponseCode
-from protocol.message import MessageConst, MessageExt
-from protocol.message_queue import MessageQueue
-from protocol.validation import InvalidNameError, check_group, check_topic, dlq_topic
+from trimq.client import admin_format as fmt
+from trimq.client.admin_allocate import allocate_command
+from trimq.client.api import MQClientAPI, PullStatus
+from trimq.client.errors import MQBrokerError, MQClientError, TopicNotExistError, TrimqClientError
+from trimq.client.remoting import RemotingClient, RemotingError
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.message import MessageConst, MessageExt
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.validation import InvalidNameError, check_group, check_topic, dlq_topic
 
 __all__ = ["Admin", "AdminError", "PartialFailure", "main"]
 
@@ -490,8 +490,8 @@ class Admin:
     # ------------------------------------------------------------------ messages and cluster
 
     async def message_by_id(self, msg_id: str) -> dict[str, Any]:
-        from protocol.address import format_address
-        from protocol.record import parse_message_id
+        from trimq.protocol.address import format_address
+        from trimq.protocol.record import parse_message_id
 
         try:
             (host, port), _offset = parse_message_id(msg_id)
@@ -577,7 +577,7 @@ def _run(op: Callable[[Admin], Awaitable[dict[str, Any]]], render: Callable[[dic
         raise click.UsageError("--access-key and --secret-key go together")
     ssl_context = None
     if opts.tls or opts.tls_ca_file:
-        from client.tls import TlsConfigError, client_ssl_context
+        from trimq.client.tls import TlsConfigError, client_ssl_context
 
         try:
             ssl_context = client_ssl_context(opts.tls_ca_file)
@@ -633,7 +633,7 @@ def main(ctx: click.Context, namesrv: str | None, as_json: bool, timeout_ms: int
 
     Tables for people, --json for scripts; errors on stderr with exit status 1 (2 for usage errors).
     """
-    from protocol.logs import configure_logging
+    from trimq.protocol.logs import configure_logging
 
     configure_logging("auto", os.environ.get("TRIMQ_ADMIN_LOG_LEVEL", "error"))
     ctx.obj = CliOptions(namesrv, as_json, timeout_ms, access_key, secret_key, tls, tls_ca_file)

@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from client.rebalance.strategies import STRATEGY_NAMES, simulate
-from protocol.message_queue import MessageQueue
+from trimq.client.rebalance.strategies import STRATEGY_NAMES, simulate
+from trimq.protocol.message_queue import MessageQueue
 
 __all__ = ["allocate_command"]
 

@@ -27,15 +27,15 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from client.offset_store import LocalFileOffsetStore
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.logs import get_logger
-from protocol.message_queue import MessageQueue
+from trimq.client.offset_store import LocalFileOffsetStore
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import get_logger
+from trimq.protocol.message_queue import MessageQueue
 
 if TYPE_CHECKING:
-    from client.instance import ClientInstance
-    from client.push_consumer import PushConsumer
+    from trimq.client.instance import ClientInstance
+    from trimq.client.push_consumer import PushConsumer
 
 log = get_logger("trimq.admin_handlers")
 

@@ -20,15 +20,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.errors import MQClientError, broker_error
-from client.remoting import RemotingClient
-from protocol.address import format_address
-from protocol.codes import RequestCode, ResponseCode, code_name
-from protocol.command import RemotingCommand
-from protocol.errors import RecordError
-from protocol.message import MessageConst, MessageExt
-from protocol.message_queue import MessageQueue
-from protocol.record import RecordDecoder, decode_record, parse_message_id
+from trimq.client.errors import MQClientError, broker_error
+from trimq.client.remoting import RemotingClient
+from trimq.protocol.address import format_address
+from trimq.protocol.codes import RequestCode, ResponseCode, code_name
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RecordError
+from trimq.protocol.message import MessageConst, MessageExt
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.record import RecordDecoder, decode_record, parse_message_id
 
 __all__ = [
     "PERM_INHERIT",

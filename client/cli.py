@@ -39,10 +39,10 @@ from typing import IO, Any, NoReturn
 import click
 import trio
 
-from client.config import ConfigError, ProducerConfig, PushConsumerConfig, load_client_settings
-from client.errors import InvalidMessageError, TrimqClientError
-from protocol.logs import configure_logging, get_logger
-from protocol.message import Message, MessageExt
+from trimq.client.config import ConfigError, ProducerConfig, PushConsumerConfig, load_client_settings
+from trimq.client.errors import InvalidMessageError, TrimqClientError
+from trimq.protocol.logs import configure_logging, get_logger
+from trimq.protocol.message import Message, MessageExt
 
 __all__ = [
     "RecordWriter",
@@ -317,7 +317,7 @@ class LoadProducer:
                                  delay_time_level=o.delay_level)
 
     async def run(self) -> ProducerSummary:
-        from client.selectors import select_by_hash
+        from trimq.client.selectors import select_by_hash
 
         o = self.opts
         start = trio.current_time()
@@ -459,8 +459,8 @@ def orderly_key_shares(mqs: list[Any], keys: int, workers: int, selector: Any) -
 async def ensure_topic(instance: Any, topic: str, queues: int, *, timeout_s: float = 15.0) -> int:
     """Create or update ``topic`` with ``queues`` read/write queues on every master broker the name server
     knows, then wait until the name server's route shows them. Returns the number of writable queues."""
-    from client.errors import MQBrokerError, MQClientError
-    from client.remoting import RemotingError
+    from trimq.client.errors import MQBrokerError, MQClientError
+    from trimq.client.remoting import RemotingError
 
     cluster = None
     errors: list[str] = []
@@ -496,7 +496,7 @@ async def ensure_topic(instance: Any, topic: str, queues: int, *, timeout_s: flo
 
 
 async def _producer_session(config: ProducerConfig, opts: ProducerOptions, as_json: bool) -> int:
-    from client.producer import Producer
+    from trimq.client.producer import Producer
 
     record = RecordWriter(opts.record) if opts.record else None
     try:
@@ -582,7 +582,7 @@ def producer_main(namesrv_addr: str | None, topic: str, count: int, keys: int, b
                            rate=rate, batch=batch, tag=tag, delay_level=delay_level, inflight=inflight, queues=queues,
                            progress=progress)
     try:
-        from protocol.validation import InvalidNameError, check_topic
+        from trimq.protocol.validation import InvalidNameError, check_topic
 
         check_topic(topic)
     except InvalidNameError as exc:
@@ -711,7 +711,7 @@ def _client_id_of(consumer: Any) -> str:
 
 
 async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -> int:
-    import client as sdk
+    from trimq import client as sdk
 
     push_consumer_cls = sdk.PushConsumer
     statuses: tuple[Any, Any, frozenset[Any]]
@@ -827,7 +827,7 @@ def consumer_main(namesrv_addr: str | None, consumer_group: str | None, topic: s
     if not config.namesrv_addrs:
         _fail("trimq-consumer", "no name server: pass --namesrv HOST:PORT (or set TRIMQ_NAMESRV_ADDR)")
     try:
-        from protocol.validation import InvalidNameError, check_topic
+        from trimq.protocol.validation import InvalidNameError, check_topic
 
         check_topic(topic)
     except InvalidNameError as exc:

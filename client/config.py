@@ -21,9 +21,9 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.address import parse_address
-from protocol.settings import ConfigError, build_settings, setting, validate_dataclass
-from protocol.validation import InvalidNameError, check_group
+from trimq.protocol.address import parse_address
+from trimq.protocol.settings import ConfigError, build_settings, setting, validate_dataclass
+from trimq.protocol.validation import InvalidNameError, check_group
 
 __all__ = [
     "CONSUME_FROM_WHERE_VALUES",
@@ -252,7 +252,7 @@ class PushConsumerConfig(ClientConfig):
                 f"consumer_timeout_millis_when_suspend = {self.consumer_timeout_millis_when_suspend}: must be larger "
                 f"than broker_suspend_max_time_millis = {self.broker_suspend_max_time_millis}"
             )
-        from client.rebalance.strategies import STRATEGY_NAMES, get_strategy
+        from trimq.client.rebalance.strategies import STRATEGY_NAMES, get_strategy
 
         try:
             get_strategy(self.allocate_message_queue_strategy)

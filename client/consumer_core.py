@@ -29,17 +29,22 @@ from typing import Any
 
 import trio
 
-from client.config import PushConsumerConfig
-from client.errors import ClientClosedError, MQClientError
-from client.instance import ClientInstance
-from client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore, default_local_offset_dir
-from client.pull import ConsumeService, PullService
-from client.rebalance.impl import RebalanceImpl
-from client.rebalance.strategies import AllocateStrategy, get_strategy
-from client.subscription import SubscriptionData, build_subscription_data
-from protocol.logs import get_logger
-from protocol.message_queue import MessageQueue
-from protocol.validation import check_topic, retry_topic
+from trimq.client.config import PushConsumerConfig
+from trimq.client.errors import ClientClosedError, MQClientError
+from trimq.client.instance import ClientInstance
+from trimq.client.offset_store import (
+    LocalFileOffsetStore,
+    OffsetStore,
+    RemoteBrokerOffsetStore,
+    default_local_offset_dir,
+)
+from trimq.client.pull import ConsumeService, PullService
+from trimq.client.rebalance.impl import RebalanceImpl
+from trimq.client.rebalance.strategies import AllocateStrategy, get_strategy
+from trimq.client.subscription import SubscriptionData, build_subscription_data
+from trimq.protocol.logs import get_logger
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.validation import check_topic, retry_topic
 
 __all__ = ["ConsumerCore"]
 

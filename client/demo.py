@@ -20,9 +20,9 @@ from typing import Any
 
 import trio
 
-from broker.broker import open_broker
-from broker.config import BrokerConfig
-from protocol.logs import configure_logging
+from trimq.broker.broker import open_broker
+from trimq.broker.config import BrokerConfig
+from trimq.protocol.logs import configure_logging
 
 TOPIC = "DemoOrders"
 GROUP = "demo_orderly"
@@ -60,9 +60,9 @@ def now_ms() -> float:
 
 
 async def demo(store_dir: str) -> DemoResult:
-    from client import ConsumeOrderlyStatus, Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
-    from client.cli import ensure_topic
-    from client.selectors import select_by_hash
+    from trimq.client import ConsumeOrderlyStatus, Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
+    from trimq.client.cli import ensure_topic
+    from trimq.client.selectors import select_by_hash
 
     res = DemoResult()
     config = BrokerConfig(listen="127.0.0.1:0", store_dir=store_dir, embedded_namesrv=True)

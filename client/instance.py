@@ -36,7 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
-from client.api import (
+from trimq.client.api import (
     PERM_READ,
     PERM_WRITE,
     ConsumerData,
@@ -45,8 +45,8 @@ from client.api import (
     QueueData,
     TopicRouteData,
 )
-from client.config import ClientConfig
-from client.errors import (
+from trimq.client.config import ClientConfig
+from trimq.client.errors import (
     ClientClosedError,
     ClientIdConflictError,
     MQBrokerError,
@@ -54,13 +54,13 @@ from client.errors import (
     NoNameServerError,
     TopicNotExistError,
 )
-from client.remoting import RemotingClient, RemotingError
-from client.subscription import SubscriptionData
-from protocol.codes import RequestCode
-from protocol.command import RemotingCommand
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.message_queue import MessageQueue
-from protocol.validation import is_retry_topic
+from trimq.client.remoting import RemotingClient, RemotingError
+from trimq.client.subscription import SubscriptionData
+from trimq.protocol.codes import RequestCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.validation import is_retry_topic
 
 __all__ = [
     "ClientInstance",
@@ -182,7 +182,7 @@ class ClientInstance:
         self.config = (config or ClientConfig()).client_settings()
         self._own_remoting = remoting is None
         if ssl_context is None and self.config.tls_enable:
-            from client.tls import client_ssl_context
+            from trimq.client.tls import client_ssl_context
 
             ssl_context = client_ssl_context(self.config.tls_ca_file or None, self.config.tls_cert_file or None,
                                              self.config.tls_key_file or None)

@@ -24,11 +24,11 @@ from typing import Any, Protocol
 
 import trio
 
-from client.api import MQClientAPI
-from client.errors import MQBrokerError, MQClientError, NoPermissionError, OffsetNotFoundError
-from client.remoting import RemotingError
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.message_queue import MessageQueue
+from trimq.client.api import MQClientAPI
+from trimq.client.errors import MQBrokerError, MQClientError, NoPermissionError, OffsetNotFoundError
+from trimq.client.remoting import RemotingError
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.message_queue import MessageQueue
 
 __all__ = [
     "LocalFileOffsetStore",

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, ClassVar
 
-from protocol.message import MessageConst, MessageExt
+from trimq.protocol.message import MessageConst, MessageExt
 
 __all__ = ["ProcessQueue"]
 

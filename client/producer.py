@@ -30,9 +30,9 @@ from typing import Any
 
 import trio
 
-from client.api import SendResult, SendStatus
-from client.config import ProducerConfig
-from client.errors import (
+from trimq.client.api import SendResult, SendStatus
+from trimq.client.config import ProducerConfig
+from trimq.client.errors import (
     BrokerNotFoundError,
     ClientClosedError,
     EmptyBodyError,
@@ -46,20 +46,20 @@ from client.errors import (
     SelectorError,
     SendFailedError,
 )
-from client.instance import ClientInstance, TopicPublishInfo
-from client.remoting import RemotingError
-from client.selectors import MessageQueueSelector
-from protocol.codes import ResponseCode
-from protocol.logs import get_logger
-from protocol.message import (
+from trimq.client.instance import ClientInstance, TopicPublishInfo
+from trimq.client.remoting import RemotingError
+from trimq.client.selectors import MessageQueueSelector
+from trimq.protocol.codes import ResponseCode
+from trimq.protocol.logs import get_logger
+from trimq.protocol.message import (
     MAX_PROPERTIES_BYTES,
     Message,
     MessageConst,
     check_property_text,
     encode_properties,
 )
-from protocol.message_queue import MessageQueue
-from protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic, is_retry_topic
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic, is_retry_topic
 
 __all__ = ["Producer", "UniqIdGenerator", "validate_message"]
 

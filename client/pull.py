@@ -27,16 +27,16 @@ from typing import Any, Protocol
 
 import trio
 
-from client.api import PullStatus, build_pull_sys_flag
-from client.config import PushConsumerConfig
-from client.errors import MQBrokerError, MQClientError, OffsetUnavailableError
-from client.offset_store import READ_FROM_MEMORY, OffsetStore
-from client.process_queue import ProcessQueue
-from client.rebalance.impl import PullRequest, RebalanceClient, RebalanceImpl
-from client.remoting import RemotingError
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.message import MessageExt
-from protocol.message_queue import MessageQueue
+from trimq.client.api import PullStatus, build_pull_sys_flag
+from trimq.client.config import PushConsumerConfig
+from trimq.client.errors import MQBrokerError, MQClientError, OffsetUnavailableError
+from trimq.client.offset_store import READ_FROM_MEMORY, OffsetStore
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.rebalance.impl import PullRequest, RebalanceClient, RebalanceImpl
+from trimq.client.remoting import RemotingError
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.message import MessageExt
+from trimq.protocol.message_queue import MessageQueue
 
 __all__ = ["OFFSET_ILLEGAL_DELAY_MS", "ConsumeService", "PullService", "flow_control_reason"]
 

@@ -39,25 +39,25 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
-from client.admin_handlers import register_admin_handlers
-from client.config import ConfigError, PushConsumerConfig
-from client.consume.common import ConsumeHooks, ConsumeMessageDirectlyResult, ConsumeStats
-from client.consume.concurrently import ConsumeMessageConcurrentlyService
-from client.consume.orderly import ConsumeMessageOrderlyService
-from client.consumer_core import ConsumerCore
-from client.errors import ClientClosedError, MQClientError
-from client.instance import ClientInstance
-from client.metrics import ConsumerMetrics, QueueState
-from client.offset_store import OffsetStore
-from client.process_queue import ProcessQueue
-from client.rebalance.strategies import AllocateStrategy
-from client.subscription import build_subscription_data
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.logs import get_logger
-from protocol.message import MessageExt
-from protocol.message_queue import MessageQueue
-from protocol.metrics_http import serve_metrics
+from trimq.client.admin_handlers import register_admin_handlers
+from trimq.client.config import ConfigError, PushConsumerConfig
+from trimq.client.consume.common import ConsumeHooks, ConsumeMessageDirectlyResult, ConsumeStats
+from trimq.client.consume.concurrently import ConsumeMessageConcurrentlyService
+from trimq.client.consume.orderly import ConsumeMessageOrderlyService
+from trimq.client.consumer_core import ConsumerCore
+from trimq.client.errors import ClientClosedError, MQClientError
+from trimq.client.instance import ClientInstance
+from trimq.client.metrics import ConsumerMetrics, QueueState
+from trimq.client.offset_store import OffsetStore
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.rebalance.strategies import AllocateStrategy
+from trimq.client.subscription import build_subscription_data
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import get_logger
+from trimq.protocol.message import MessageExt
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.metrics_http import serve_metrics
 
 __all__ = ["PushConsumer"]
 

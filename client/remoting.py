@@ -16,13 +16,13 @@ from types import TracebackType
 
 import trio
 
-from client.tls import sign_request
-from protocol.address import parse_address
-from protocol.codes import ResponseCode, code_name
-from protocol.command import FLAG_RESPONSE, RemotingCommand
-from protocol.errors import ProtocolError
-from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from protocol.logs import get_logger
+from trimq.client.tls import sign_request
+from trimq.protocol.address import parse_address
+from trimq.protocol.codes import ResponseCode, code_name
+from trimq.protocol.command import FLAG_RESPONSE, RemotingCommand
+from trimq.protocol.errors import ProtocolError
+from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from trimq.protocol.logs import get_logger
 
 log = get_logger("trimq.remoting")
 

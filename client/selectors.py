@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from protocol.message_queue import MessageQueue
+from trimq.protocol.message_queue import MessageQueue
 
 __all__ = [
     "MessageQueueSelector",

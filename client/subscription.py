@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.selectors import java_string_hash
-from protocol.message import MessageExt
-from protocol.validation import check_topic
+from trimq.client.selectors import java_string_hash
+from trimq.protocol.message import MessageExt
+from trimq.protocol.validation import check_topic
 
 __all__ = ["SUB_ALL", "SubscriptionData", "build_subscription_data"]
 

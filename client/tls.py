@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from protocol.signature import ACCESS_KEY, SIGNATURE, calc_signature, sign_command
+from trimq.protocol.signature import ACCESS_KEY, SIGNATURE, calc_signature, sign_command
 
 
 class TlsConfigError(ValueError):

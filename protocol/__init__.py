@@ -1,8 +1,8 @@
 """trimq's wire protocol and data formats, sans-IO: no trio, no sockets (docs/PROTOCOL.md, docs/STORAGE.md)."""
 
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
-from protocol.errors import (
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
+from trimq.protocol.errors import (
     EmptyFrameError,
     FieldTypeError,
     FrameTooLargeError,
@@ -12,9 +12,9 @@ from protocol.errors import (
     ProtocolError,
     RecordError,
 )
-from protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from protocol.message import Message, MessageConst, MessageExt, decode_properties, encode_properties
-from protocol.message_queue import MessageQueue
+from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from trimq.protocol.message import Message, MessageConst, MessageExt, decode_properties, encode_properties
+from trimq.protocol.message_queue import MessageQueue
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.codes import ResponseCode
+from trimq.protocol.codes import ResponseCode
 
 FLAG_RESPONSE = 0x1
 FLAG_ONEWAY = 0x2

@@ -14,8 +14,8 @@ from typing import Any
 
 import msgpack
 
-from protocol.command import RemotingCommand
-from protocol.errors import (
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import (
     EmptyFrameError,
     FieldTypeError,
     FrameTooLargeError,

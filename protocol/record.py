@@ -13,8 +13,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from protocol.errors import RecordError
-from protocol.message import MAX_PROPERTIES_BYTES, MessageExt, decode_properties
+from trimq.protocol.errors import RecordError
+from trimq.protocol.message import MAX_PROPERTIES_BYTES, MessageExt, decode_properties
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7
 BLANK_MAGIC_CODE = 0xCBD43194

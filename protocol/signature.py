@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from protocol.command import RemotingCommand
+from trimq.protocol.command import RemotingCommand
 
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"

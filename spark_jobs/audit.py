@@ -3,7 +3,7 @@
 Use ``run_audit(spark, AuditOptions(...))`` from Python, ``trimq-audit`` from a shell, or
 ``spark-submit .../spark_jobs/audit.py --store DIR --out DIR`` on a cluster (with
 ``--py-files trimq-deps.zip``, see docs/AUDIT.md). The checks and their meaning are in
-``spark_jobs.checks`` and docs/AUDIT.md.
+``trimq.spark_jobs.checks`` and docs/AUDIT.md.
 
 Outputs under ``--out``:
 
@@ -41,10 +41,10 @@ if __name__ == "__main__" and __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spark_jobs import checks
-from spark_jobs.commitlog_source import CQ_FORMAT_NAME, FORMAT_NAME, register
-from spark_jobs.parser import DEFAULT_SPLIT_SIZE, SegmentPathError, resolve_segments
-from spark_jobs.report import render_report
+from trimq.spark_jobs import checks
+from trimq.spark_jobs.commitlog_source import CQ_FORMAT_NAME, FORMAT_NAME, register
+from trimq.spark_jobs.parser import DEFAULT_SPLIT_SIZE, SegmentPathError, resolve_segments
+from trimq.spark_jobs.report import render_report
 
 EXIT_CLEAN = 0
 EXIT_DEFECTS = 1
@@ -512,7 +512,7 @@ def audit_store(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for ``spark-submit spark_jobs/audit.py --store ... --out ...``."""
-    from spark_jobs.cli import main as cli_main
+    from trimq.spark_jobs.cli import main as cli_main
 
     return cli_main(argv)
 

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from spark_jobs.parser import DEFAULT_SPLIT_SIZE
+from trimq.spark_jobs.parser import DEFAULT_SPLIT_SIZE
 
 EXIT_CLEAN, EXIT_DEFECTS, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 
@@ -68,11 +68,11 @@ def _print_table(summary: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the audit; returns the exit code (the console script exits with it)."""
     args = _parser().parse_args(argv)
-    from spark_jobs.audit import AuditOptions, UsageError, parse_since, run_audit, validate
-    from spark_jobs.commitlog_source import OptionError, parse_size
+    from trimq.spark_jobs.audit import AuditOptions, UsageError, parse_since, run_audit, validate
+    from trimq.spark_jobs.commitlog_source import OptionError, parse_size
 
     if args.write_py_files:
-        from spark_jobs.session import build_deps_zip
+        from trimq.spark_jobs.session import build_deps_zip
 
         print(build_deps_zip(args.write_py_files))
         return EXIT_CLEAN
@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trimq-audit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    from spark_jobs.session import build_deps_zip, build_session, is_local_master, stop_session
+    from trimq.spark_jobs.session import build_deps_zip, build_session, is_local_master, stop_session
 
     py_files: list[str] = []
     tmp = None

@@ -5,7 +5,7 @@ layout) as rows; ``path`` is a store dir, a ``commitlog/`` dir or a comma-separa
 Options (case-insensitive):
 
 * ``splitSize`` -- bytes per partition (default 64 MiB; suffixes k/m/g accepted). Partitions are byte
-  ranges of segments that resynchronise on a record boundary; see ``spark_jobs.parser``.
+  ranges of segments that resynchronise on a record boundary; see ``trimq.spark_jobs.parser``.
 * ``includeBody`` -- ``true`` to fill the ``body`` column (default ``false``: it stays null).
 * ``batchSize`` -- rows per Arrow batch (default 8192). A task holds one batch and one read window
   (4 MiB, or one record if larger) at a time, whatever the segment size.
@@ -15,7 +15,7 @@ Options (case-insensitive):
 ``spark.read.format("trimq-consumequeue").load(path)`` reads ``consumequeue/<topic>/<qid>/`` files of
 20-byte units (all-zero units, i.e. unwritten ones, are skipped).
 
-Call ``register(spark)`` once per session. The workers import this module and ``spark_jobs.parser``, so
+Call ``register(spark)`` once per session. The workers import this module and ``trimq.spark_jobs.parser``, so
 the package must be importable there (PYTHONPATH locally, ``--py-files`` on a cluster).
 """
 
@@ -41,7 +41,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from spark_jobs.parser import (
+from trimq.spark_jobs.parser import (
     COLUMN_INDEX,
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_RECORD_SIZE,

@@ -35,7 +35,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from protocol.record import (
+from trimq.protocol.record import (
     BLANK_MAGIC_CODE,
     DEFAULT_MAX_MESSAGE_SIZE,
     END_FILE_MIN_BLANK_LENGTH,

@@ -8,8 +8,8 @@ import sys
 import click
 import trio
 
-from broker.config import ConfigError, describe_settings, load_settings
-from protocol.logs import configure_logging, get_logger
+from trimq.broker.config import ConfigError, describe_settings, load_settings
+from trimq.protocol.logs import configure_logging, get_logger
 
 log = get_logger("trimq.namesrv.cli")
 
@@ -35,8 +35,8 @@ def main(listen: str | None, metrics_port: int | None, tls_cert_file: str | None
     environment variables, then flags. SIGINT/SIGTERM stop it gracefully (exit status 0). It writes
     nothing to disk.
     """
-    from broker.cli import run_until_signalled, start_error
-    from broker.namesrv.service import NamesrvConfig, serve_namesrv
+    from trimq.broker.cli import run_until_signalled, start_error
+    from trimq.broker.namesrv.service import NamesrvConfig, serve_namesrv
 
     configure_logging(log_format, log_level)
     try:

@@ -15,12 +15,12 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from broker.metrics import RpcMetrics
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.metrics_http import serve_metrics
+from trimq.broker.metrics import RpcMetrics
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.metrics_http import serve_metrics
 
 if TYPE_CHECKING:
-    from broker.namesrv.service import NameServer
+    from trimq.broker.namesrv.service import NameServer
 
 log = get_logger("trimq.metrics")
 

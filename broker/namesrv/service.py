@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.config import setting, validate_dataclass
-from broker.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
-from broker.server import Connection, RemotingServer, RequestError, server_ssl_context
-from protocol.address import parse_address
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.frame import DEFAULT_MAX_FRAME_BYTES
-from protocol.logs import get_logger
+from trimq.broker.config import setting, validate_dataclass
+from trimq.broker.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
+from trimq.broker.server import Connection, RemotingServer, RequestError, server_ssl_context
+from trimq.protocol.address import parse_address
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
+from trimq.protocol.logs import get_logger
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from trimq.broker.broker import Broker
 
 log = get_logger("trimq.namesrv")
 
@@ -58,13 +58,13 @@ class NamesrvConfig:
     def validate(self) -> NamesrvConfig:
         validate_dataclass(self)
         if self.tls_key_file and not self.tls_cert_file:
-            from broker.config import ConfigError
+            from trimq.broker.config import ConfigError
 
             raise ConfigError(f"tls_key_file = {self.tls_key_file!r}: needs tls_cert_file too")
         try:
             parse_address(self.listen)
         except ValueError as exc:
-            from broker.config import ConfigError
+            from trimq.broker.config import ConfigError
 
             raise ConfigError(f"listen = {self.listen!r}: {exc}") from None
         return self
@@ -226,7 +226,7 @@ async def serve_namesrv(config: NamesrvConfig, *,
     ns = NameServer(server, expire_ms=config.broker_channel_expired_ms,
                     scan_interval_ms=config.scan_not_active_broker_interval_ms)
     if config.metrics_port:
-        from broker.namesrv.metrics import NamesrvMetrics
+        from trimq.broker.namesrv.metrics import NamesrvMetrics
 
         ns.metrics = NamesrvMetrics(ns, config.metrics_host, config.metrics_port)
     host, port = parse_address(config.listen)

@@ -26,18 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.broker import HandlerService
-from broker.processors.send import int_field, str_field
-from broker.server import ConnectionClosedError, RequestError
-from protocol.codes import RequestCode, ResponseCode, code_name
-from protocol.command import RemotingCommand
-from protocol.logs import get_logger
-from protocol.message_queue import MessageQueue
-from protocol.validation import InvalidNameError, check_group, check_topic
+from trimq.broker.broker import HandlerService
+from trimq.broker.processors.send import int_field, str_field
+from trimq.broker.server import ConnectionClosedError, RequestError
+from trimq.protocol.codes import RequestCode, ResponseCode, code_name
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import get_logger
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.validation import InvalidNameError, check_group, check_topic
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import Connection
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import Connection
 
 log = get_logger("trimq.broker.admin_forward")
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker.broker import HandlerService
-from broker.processors.send import int_field, str_field
-from broker.server import RequestError
-from broker.store.message_store import MessageStore
-from broker.store.topics import MAX_QUEUE_NUMS, TopicConfig, TopicConfigManager
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.logs import get_logger
-from protocol.validation import SYSTEM_TOPICS, InvalidNameError, check_topic
+from trimq.broker.broker import HandlerService
+from trimq.broker.processors.send import int_field, str_field
+from trimq.broker.server import RequestError
+from trimq.broker.store.message_store import MessageStore
+from trimq.broker.store.topics import MAX_QUEUE_NUMS, TopicConfig, TopicConfigManager
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import get_logger
+from trimq.protocol.validation import SYSTEM_TOPICS, InvalidNameError, check_topic
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import Connection
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import Connection
 
 log = get_logger("trimq.admin")
 

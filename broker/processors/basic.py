@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol.codes import RequestCode
-from protocol.command import RemotingCommand
+from trimq.protocol.codes import RequestCode
+from trimq.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import Connection
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import Connection
 
 
 class BasicService:

@@ -20,20 +20,20 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.consumers import ConsumerManager, parse_heartbeat
-from broker.locks import RebalanceLockManager
-from broker.server import RequestError
-from broker.store.atomic import write_json_atomic
-from broker.store.offsets import ConsumerOffsetManager, offset_file_path
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.logs import get_logger
-from protocol.message_queue import MessageQueue
-from protocol.validation import InvalidNameError, check_group, check_topic, retry_topic
+from trimq.broker.consumers import ConsumerManager, parse_heartbeat
+from trimq.broker.locks import RebalanceLockManager
+from trimq.broker.server import RequestError
+from trimq.broker.store.atomic import write_json_atomic
+from trimq.broker.store.offsets import ConsumerOffsetManager, offset_file_path
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import get_logger
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.validation import InvalidNameError, check_group, check_topic, retry_topic
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import Connection
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import Connection
 
 log = get_logger("trimq.broker.coordination")
 

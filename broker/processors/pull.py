@@ -34,19 +34,19 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.long_polling import LongPolling
-from broker.processors.send import int_field, str_field
-from broker.server import DEFERRED, Deferred, RequestError
-from broker.store.consume_queue import tags_string_to_tags_code
-from broker.store.message_store import GetMessageResult, GetMessageStatus, MessageStore
-from broker.store.topics import TopicConfigManager
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.logs import get_logger
+from trimq.broker.long_polling import LongPolling
+from trimq.broker.processors.send import int_field, str_field
+from trimq.broker.server import DEFERRED, Deferred, RequestError
+from trimq.broker.store.consume_queue import tags_string_to_tags_code
+from trimq.broker.store.message_store import GetMessageResult, GetMessageStatus, MessageStore
+from trimq.broker.store.topics import TopicConfigManager
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import get_logger
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import Connection
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import Connection
 
 log = get_logger("trimq.pull")
 

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.outbound import OutboundClient, OutboundError
-from protocol.address import format_address, parse_address
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.logs import RateLimiter, get_logger
+from trimq.broker.outbound import OutboundClient, OutboundError
+from trimq.protocol.address import format_address, parse_address
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import RateLimiter, get_logger
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from trimq.broker.broker import Broker
 
 log = get_logger("trimq.register")
 

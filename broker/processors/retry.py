@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 
-from broker.server import RequestError
-from broker.store.atomic import read_json, write_json_atomic
-from broker.store.message_store import get_property
-from broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
-from broker.store.subscription_groups import SubscriptionGroupConfig, SubscriptionGroupManager
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.logs import get_logger
-from protocol.message import MessageConst, MessageExt, decode_properties, encode_properties
-from protocol.record import parse_message_id
-from protocol.validation import (
+from trimq.broker.server import RequestError
+from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.message_store import get_property
+from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
+from trimq.broker.store.subscription_groups import SubscriptionGroupConfig, SubscriptionGroupManager
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import get_logger
+from trimq.protocol.message import MessageConst, MessageExt, decode_properties, encode_properties
+from trimq.protocol.record import parse_message_id
+from trimq.protocol.validation import (
     RETRY_GROUP_TOPIC_PREFIX,
     InvalidNameError,
     check_group,
@@ -48,8 +48,8 @@ from protocol.validation import (
 )
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import Connection
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import Connection
 
 __all__ = [
     "DLQ_MSG_ID_PROPERTY",

@@ -13,19 +13,19 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
-from broker.broker import HandlerService
-from broker.server import RequestError
-from broker.store.message_store import MessageStore, PutMessageStatus, PutResult
-from broker.store.topics import TopicConfig, TopicConfigManager
-from protocol.address import parse_address
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.message import MAX_PROPERTIES_BYTES
-from protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic
+from trimq.broker.broker import HandlerService
+from trimq.broker.server import RequestError
+from trimq.broker.store.message_store import MessageStore, PutMessageStatus, PutResult
+from trimq.broker.store.topics import TopicConfig, TopicConfigManager
+from trimq.protocol.address import parse_address
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.message import MAX_PROPERTIES_BYTES
+from trimq.protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import Connection
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import Connection
 
 __all__ = ["SendService", "int_field", "str_field"]
 
@@ -183,7 +183,7 @@ class SendService(HandlerService):
         topic = cfg.topic_name
         if topic.startswith("%RETRY%"):
             # Issue 5: RocketMQ's handleRetryAndDLQ (exhausted retries go to %DLQ%group at once).
-            from broker.processors.retry import handle_retry_and_dlq
+            from trimq.broker.processors.retry import handle_retry_and_dlq
 
             max_rt = None if ext.get("maxReconsumeTimes") is None else int_field(ext, "maxReconsumeTimes", bits=32)
             topic, queue_id, props = await handle_retry_and_dlq(

@@ -6,18 +6,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from trimq.broker.broker import Broker
 
 
 def add_storage_services(broker: Broker) -> None:
     """Create the storage services, set ``components["store"]`` and ``["topic_config_manager"]``."""
-    from broker.namesrv.service import NamesrvService
-    from broker.processors.admin_topic import AdminTopicService
-    from broker.processors.pull import PullService
-    from broker.processors.register import RegisterService, advertised_host
-    from broker.processors.send import SendService
-    from broker.store.message_store import MessageStore, StoreConfig
-    from broker.store.topics import TopicConfigManager
+    from trimq.broker.namesrv.service import NamesrvService
+    from trimq.broker.processors.admin_topic import AdminTopicService
+    from trimq.broker.processors.pull import PullService
+    from trimq.broker.processors.register import RegisterService, advertised_host
+    from trimq.broker.processors.send import SendService
+    from trimq.broker.store.message_store import MessageStore, StoreConfig
+    from trimq.broker.store.topics import TopicConfigManager
 
     cfg = broker.config
     store = MessageStore(

@@ -30,7 +30,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.store.atomic import write_bytes_atomic
+from trimq.broker.store.atomic import write_bytes_atomic
 
 __all__ = ["Checkpoint", "CheckpointError", "read_checkpoint", "write_checkpoint"]
 

@@ -37,16 +37,16 @@ from typing import Any
 
 import trio
 
-from broker.store.atomic import fsync_dir, read_json, write_json_atomic
-from broker.store.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
-from broker.store.commitlog import CommitLog, RecordEncoder, ScanRecord, StoreError, host_sys_flag
-from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue, tags_string_to_tags_code
-from broker.store.recovery import RecoveryReport, check_queue_tail, scan_commit_log
-from protocol.errors import RecordError
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.message import MAX_PROPERTIES_BYTES, MessageConst, MessageExt, decode_properties, encode_properties
-from protocol.record import decode_record
-from protocol.validation import InvalidNameError, check_topic
+from trimq.broker.store.atomic import fsync_dir, read_json, write_json_atomic
+from trimq.broker.store.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
+from trimq.broker.store.commitlog import CommitLog, RecordEncoder, ScanRecord, StoreError, host_sys_flag
+from trimq.broker.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue, tags_string_to_tags_code
+from trimq.broker.store.recovery import RecoveryReport, check_queue_tail, scan_commit_log
+from trimq.protocol.errors import RecordError
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.message import MAX_PROPERTIES_BYTES, MessageConst, MessageExt, decode_properties, encode_properties
+from trimq.protocol.record import decode_record
+from trimq.protocol.validation import InvalidNameError, check_topic
 
 log = get_logger("trimq.store")
 

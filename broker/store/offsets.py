@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from broker.store.atomic import read_json, write_json_atomic
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.message_queue import MessageQueue
+from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.message_queue import MessageQueue
 
 log = get_logger("trimq.broker.offsets")
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.store.commitlog import CommitLog, ScanRecord, file_name, scan_segment_bytes
-from broker.store.consume_queue import ConsumeQueue
-from protocol.record import MESSAGE_MAGIC_CODE
+from trimq.broker.store.commitlog import CommitLog, ScanRecord, file_name, scan_segment_bytes
+from trimq.broker.store.consume_queue import ConsumeQueue
+from trimq.protocol.record import MESSAGE_MAGIC_CODE
 
 __all__ = ["RecoveryReport", "check_queue_tail", "scan_commit_log"]
 

@@ -48,16 +48,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.store.atomic import read_json, write_json_atomic
-from broker.store.consume_queue import UNIT
-from broker.store.delay_levels import DEFAULT, DelayLevelTable
-from protocol.logs import get_logger
-from protocol.message import MessageConst, MessageExt
-from protocol.record import SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK
-from protocol.validation import SCHEDULE_TOPIC
+from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.consume_queue import UNIT
+from trimq.broker.store.delay_levels import DEFAULT, DelayLevelTable
+from trimq.protocol.logs import get_logger
+from trimq.protocol.message import MessageConst, MessageExt
+from trimq.protocol.record import SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK
+from trimq.protocol.validation import SCHEDULE_TOPIC
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from trimq.broker.broker import Broker
 
 __all__ = [
     "DELAY_FOR_A_PERIOD_S",
@@ -355,7 +355,7 @@ class ScheduleMessageService:
         try:
             r = self.redirect(req.topic, req.queue_id, req.property_map(), sys_flag=req.sys_flag)
         except ValueError as exc:
-            from broker.store.message_store import PutMessageStatus, PutResult
+            from trimq.broker.store.message_store import PutMessageStatus, PutResult
 
             return PutResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=str(exc))
         if r is not None:

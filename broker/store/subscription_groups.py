@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.store.atomic import read_json, write_json_atomic
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.logs import get_logger
-from protocol.validation import InvalidNameError, check_group
+from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.logs import get_logger
+from trimq.protocol.validation import InvalidNameError, check_group
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.server import Connection
+    from trimq.broker.broker import Broker
+    from trimq.broker.server import Connection
 
 __all__ = ["FILE_NAME", "SubscriptionGroupConfig", "SubscriptionGroupManager"]
 
@@ -242,7 +242,7 @@ class SubscriptionGroupManager:
 
     # -- request handlers ------------------------------------------------------------------------
     async def _update_and_create(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        from broker.server import RequestError
+        from trimq.broker.server import RequestError
 
         body = cmd.body if cmd.body is not None else cmd.ext
         try:

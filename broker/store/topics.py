@@ -16,9 +16,9 @@ from typing import Any
 
 import trio
 
-from broker.store.atomic import read_json, write_json_atomic
-from protocol.logs import get_logger
-from protocol.validation import check_topic
+from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.protocol.logs import get_logger
+from trimq.protocol.validation import check_topic
 
 log = get_logger("trimq.topics")
 

@@ -38,16 +38,16 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from client.api import MQClientAPI
-from client.config import PushConsumerConfig
-from client.errors import MQBrokerError, MQClientError, NoRouteError
-from client.instance import TopicPublishInfo
-from client.remoting import RemotingError
-from protocol.address import format_address
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.message import MessageConst, MessageExt, encode_properties
-from protocol.message_queue import MessageQueue
-from protocol.validation import retry_topic
+from trimq.client.api import MQClientAPI
+from trimq.client.config import PushConsumerConfig
+from trimq.client.errors import MQBrokerError, MQClientError, NoRouteError
+from trimq.client.instance import TopicPublishInfo
+from trimq.client.remoting import RemotingError
+from trimq.protocol.address import format_address
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.message import MessageConst, MessageExt, encode_properties
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.validation import retry_topic
 
 __all__ = [
     "CONSUMER_SEND_BACK_TIMEOUT_MS",

@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from client.consume.common import (
+from trimq.client.consume.common import (
     CMResult,
     ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus,
@@ -41,11 +41,11 @@ from client.consume.common import (
     normalize_status,
     reset_retry_and_namespace,
 )
-from client.errors import MQClientError
-from client.process_queue import ProcessQueue
-from protocol.logs import get_logger, log_rate_limited
-from protocol.message import MessageConst, MessageExt
-from protocol.message_queue import MessageQueue
+from trimq.client.errors import MQClientError
+from trimq.client.process_queue import ProcessQueue
+from trimq.protocol.logs import get_logger, log_rate_limited
+from trimq.protocol.message import MessageConst, MessageExt
+from trimq.protocol.message_queue import MessageQueue
 
 __all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "SEND_BACK_FAILED_RETRY_MS", "ConsumeMessageConcurrentlyService"]
 

@@ -51,7 +51,7 @@ from typing import Any
 
 import trio
 
-from client.consume.common import (
+from trimq.client.consume.common import (
     CMResult,
     ConsumeMessageDirectlyResult,
     ConsumeOrderlyContext,
@@ -61,11 +61,11 @@ from client.consume.common import (
     normalize_status,
     reset_retry_and_namespace,
 )
-from client.errors import MQClientError
-from client.process_queue import ProcessQueue
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.message import MessageConst, MessageExt
-from protocol.message_queue import MessageQueue
+from trimq.client.errors import MQClientError
+from trimq.client.process_queue import ProcessQueue
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.message import MessageConst, MessageExt
+from trimq.protocol.message_queue import MessageQueue
 
 __all__ = [
     "MIN_SHUTDOWN_WAIT_MS",

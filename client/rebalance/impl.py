@@ -35,17 +35,17 @@ from typing import Any, Protocol
 
 import trio
 
-from client.api import MQClientAPI
-from client.config import PushConsumerConfig
-from client.errors import MQBrokerError, MQClientError, OffsetUnavailableError
-from client.offset_store import READ_FROM_STORE, OffsetStore
-from client.process_queue import ProcessQueue
-from client.rebalance.strategies import AllocateStrategy
-from client.remoting import RemotingError
-from client.subscription import SubscriptionData
-from protocol.logs import RateLimiter, get_logger, log_rate_limited
-from protocol.message_queue import MessageQueue, java_string_key
-from protocol.validation import is_retry_topic
+from trimq.client.api import MQClientAPI
+from trimq.client.config import PushConsumerConfig
+from trimq.client.errors import MQBrokerError, MQClientError, OffsetUnavailableError
+from trimq.client.offset_store import READ_FROM_STORE, OffsetStore
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.rebalance.strategies import AllocateStrategy
+from trimq.client.remoting import RemotingError
+from trimq.client.subscription import SubscriptionData
+from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.protocol.message_queue import MessageQueue, java_string_key
+from trimq.protocol.validation import is_retry_topic
 
 __all__ = ["PullRequest", "PullServiceHook", "RebalanceClient", "RebalanceImpl"]
 

@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sortedcontainers import SortedDict
 
-from protocol.message_queue import MessageQueue, java_string_key
+from trimq.protocol.message_queue import MessageQueue, java_string_key
 
 __all__ = [
     "STRATEGY_NAMES",

@@ -23,7 +23,7 @@ import asyncio
 import tempfile
 from typing import Any
 
-from client import (
+from trimq.client import (
     ConsumeConcurrentlyStatus,
     Message,
     MessageExt,
@@ -32,9 +32,9 @@ from client import (
     PushConsumer,
     PushConsumerConfig,
 )
-from client.cli import ensure_topic
-from client.runner import TrioRunner
-from protocol.logs import configure_logging
+from trimq.client.cli import ensure_topic
+from trimq.client.runner import TrioRunner
+from trimq.protocol.logs import configure_logging
 
 TOPIC = "ExampleEvents"
 
@@ -46,8 +46,8 @@ async def service(namesrv: str | None, count: int, store: str) -> int:
     await asyncio.to_thread(runner.start)
     try:
         if namesrv is None:
-            from broker.broker import open_broker
-            from broker.config import BrokerConfig
+            from trimq.broker.broker import open_broker
+            from trimq.broker.config import BrokerConfig
 
             broker = await asyncio.to_thread(runner.enter, open_broker(
                 BrokerConfig(listen="127.0.0.1:0", store_dir=store, embedded_namesrv=True)))

@@ -21,7 +21,7 @@ from collections import defaultdict
 from contextlib import ExitStack
 from typing import Any
 
-from client import (
+from trimq.client import (
     ConsumeOrderlyStatus,
     Message,
     MessageExt,
@@ -30,10 +30,10 @@ from client import (
     PushConsumer,
     PushConsumerConfig,
 )
-from client.cli import ensure_topic
-from client.runner import TrioRunner
-from client.selectors import select_by_hash
-from protocol.logs import configure_logging
+from trimq.client.cli import ensure_topic
+from trimq.client.runner import TrioRunner
+from trimq.client.selectors import select_by_hash
+from trimq.protocol.logs import configure_logging
 
 TOPIC = "ExampleOrders"
 
@@ -64,8 +64,8 @@ def main() -> int:
         runner = stack.enter_context(TrioRunner())
         namesrv = args.namesrv
         if namesrv is None:
-            from broker.broker import open_broker
-            from broker.config import BrokerConfig
+            from trimq.broker.broker import open_broker
+            from trimq.broker.config import BrokerConfig
 
             store = stack.enter_context(tempfile.TemporaryDirectory(prefix="trimq-example-"))
             broker = runner.enter(open_broker(BrokerConfig(listen="127.0.0.1:0", store_dir=store,

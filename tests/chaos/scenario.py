@@ -300,9 +300,9 @@ class _Sampler(threading.Thread):
             self.join(10)
 
     def run(self) -> None:
-        from client.config import ClientConfig
-        from client.instance import ClientInstance
-        from client.runner import TrioRunner
+        from trimq.client.config import ClientConfig
+        from trimq.client.instance import ClientInstance
+        from trimq.client.runner import TrioRunner
 
         with TrioRunner(name="chaos-sampler-trio") as runner:
             instance = runner.enter(ClientInstance(ClientConfig(namesrv_addr=self.namesrv)))

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from client.config import ClientConfig
-from client.errors import OffsetNotFoundError
-from client.instance import ClientInstance
-from client.runner import TrioRunner
-from protocol.message_queue import MessageQueue
+from trimq.client.config import ClientConfig
+from trimq.client.errors import OffsetNotFoundError
+from trimq.client.instance import ClientInstance
+from trimq.client.runner import TrioRunner
+from trimq.protocol.message_queue import MessageQueue
 
 from .checker import Stop, check, client_id_of, read_records
 from .conftest import Procs, env_with, tool

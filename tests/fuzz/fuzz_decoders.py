@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from protocol.errors import ProtocolError, RecordError
-from protocol.frame import LENGTH_PREFIX_BYTES, FrameDecoder, decode_payload, encode_frame
-from protocol.record import decode_record, iter_records
+from trimq.protocol.errors import ProtocolError, RecordError
+from trimq.protocol.frame import LENGTH_PREFIX_BYTES, FrameDecoder, decode_payload, encode_frame
+from trimq.protocol.record import decode_record, iter_records
 
 from .mutators import Mutator, seed_frames, seed_records
 
@@ -82,7 +82,7 @@ def check_frame_input(data: bytes, splits: list[int], stats: Stats | None = None
 
 
 def _check_command(cmd: object) -> None:
-    from protocol.command import RemotingCommand
+    from trimq.protocol.command import RemotingCommand
 
     if not isinstance(cmd, RemotingCommand):
         raise InvariantViolation(f"decoder returned {type(cmd).__name__}")

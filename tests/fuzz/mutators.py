@@ -11,11 +11,11 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from protocol.codes import RequestCode
-from protocol.command import RemotingCommand
-from protocol.frame import encode_frame
-from protocol.message import encode_properties
-from protocol.record import encode_blank, encode_record
+from trimq.protocol.codes import RequestCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.frame import encode_frame
+from trimq.protocol.message import encode_properties
+from trimq.protocol.record import encode_blank, encode_record
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "frames.json"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.frame import FrameDecoder
+from trimq.protocol.frame import FrameDecoder
 
 from . import fuzz_decoders
 from .fuzz_decoders import InvariantViolation, check_frame_input, check_record_input, main, run_random

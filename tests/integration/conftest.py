@@ -33,11 +33,11 @@ from typing import Any
 import pytest
 import trio
 
-from broker.broker import Broker, open_broker
-from broker.config import BrokerConfig
-from broker.namesrv.service import NameServer, NamesrvConfig, open_namesrv
-from client.remoting import RemotingClient
-from protocol.command import RemotingCommand
+from trimq.broker.broker import Broker, open_broker
+from trimq.broker.config import BrokerConfig
+from trimq.broker.namesrv.service import NameServer, NamesrvConfig, open_namesrv
+from trimq.client.remoting import RemotingClient
+from trimq.protocol.command import RemotingCommand
 
 BIN = Path(sys.executable).parent
 SMALL_STORE: dict[str, Any] = {

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from broker.acl import sign_command
-from broker.broker import Broker, open_broker
-from broker.config import BrokerConfig, ConfigError
-from client.remoting import RemotingClient
-from protocol import RemotingCommand, RequestCode, ResponseCode
-from protocol.record import parse_message_id
+from trimq.broker.acl import sign_command
+from trimq.broker.broker import Broker, open_broker
+from trimq.broker.config import BrokerConfig, ConfigError
+from trimq.client.remoting import RemotingClient
+from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
+from trimq.protocol.record import parse_message_id
 
 ACL = """
 [[accounts]]
@@ -187,7 +187,7 @@ def test_bad_acl_file_fails_at_startup(tmp_path: Path) -> None:
     config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path), acl_file=str(bad))
     with pytest.raises(ConfigError, match=r"accounts\[0\] \(access_key 'app-key-1'\): topic_perms.t: permission"):
         Broker(config)
-    from broker.cli import main
+    from trimq.broker.cli import main
 
     result = CliRunner().invoke(main, ["--listen", "127.0.0.1:0", "--store", str(tmp_path), "--acl", str(bad)])
     assert result.exit_code == 2

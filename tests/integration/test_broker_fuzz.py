@@ -25,15 +25,15 @@ from typing import Any
 
 import trio
 
-from broker.broker import Broker, open_broker
-from broker.config import BrokerConfig
-from broker.server import Connection, RequestError
-from client.remoting import RemotingClient
-from protocol import RemotingCommand, RequestCode, ResponseCode
-from protocol.address import parse_address
-from protocol.errors import ProtocolError
-from protocol.frame import FrameDecoder, encode_frame
-from protocol.record import iter_records
+from trimq.broker.broker import Broker, open_broker
+from trimq.broker.config import BrokerConfig
+from trimq.broker.server import Connection, RequestError
+from trimq.client.remoting import RemotingClient
+from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
+from trimq.protocol.address import parse_address
+from trimq.protocol.errors import ProtocolError
+from trimq.protocol.frame import FrameDecoder, encode_frame
+from trimq.protocol.record import iter_records
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the shared mutators live in tests/fuzz/

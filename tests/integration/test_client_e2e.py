@@ -19,18 +19,18 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from broker.broker import Broker, open_broker
-from broker.config import BrokerConfig
-from client.api import SendStatus
-from client.config import ClientConfig, ProducerConfig, PushConsumerConfig
-from client.consumer_core import ConsumerCore
-from client.errors import EmptyBodyError, InvalidTopicError, MessageTooLargeError, OffsetNotFoundError
-from client.instance import ClientInstance
-from client.process_queue import ProcessQueue
-from client.producer import Producer
-from client.selectors import SelectMessageQueueByHash
-from protocol.message import Message, MessageExt
-from protocol.message_queue import MessageQueue
+from trimq.broker.broker import Broker, open_broker
+from trimq.broker.config import BrokerConfig
+from trimq.client.api import SendStatus
+from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig
+from trimq.client.consumer_core import ConsumerCore
+from trimq.client.errors import EmptyBodyError, InvalidTopicError, MessageTooLargeError, OffsetNotFoundError
+from trimq.client.instance import ClientInstance
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.producer import Producer
+from trimq.client.selectors import SelectMessageQueueByHash
+from trimq.protocol.message import Message, MessageExt
+from trimq.protocol.message_queue import MessageQueue
 
 TOPIC = "E2ETopic"
 GROUP = "e2e_group"

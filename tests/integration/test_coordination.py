@@ -21,11 +21,11 @@ import pytest
 import trio
 import trio.testing
 
-from broker.broker import Broker, open_broker
-from broker.config import BrokerConfig
-from client.remoting import RemotingClient
-from protocol import RemotingCommand, RequestCode, ResponseCode
-from protocol.message_queue import MessageQueue
+from trimq.broker.broker import Broker, open_broker
+from trimq.broker.config import BrokerConfig
+from trimq.client.remoting import RemotingClient
+from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
+from trimq.protocol.message_queue import MessageQueue
 
 G = "orderly_group"
 T = "TopicA"

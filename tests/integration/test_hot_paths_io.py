@@ -14,13 +14,13 @@ from typing import Any
 
 import trio
 
-from broker.server import DEFERRED, Connection, Deferred, RemotingServer
-from client import Message, Producer, ProducerConfig
-from client.errors import MQBrokerError
-from client.remoting import RemotingClient, RemotingTimeoutError
-from protocol import RemotingCommand, RequestCode, ResponseCode
-from protocol.message_queue import MessageQueue
-from protocol.record import iter_records
+from trimq.broker.server import DEFERRED, Connection, Deferred, RemotingServer
+from trimq.client import Message, Producer, ProducerConfig
+from trimq.client.errors import MQBrokerError
+from trimq.client.remoting import RemotingClient, RemotingTimeoutError
+from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.record import iter_records
 
 INLINE, FAST, LATER, SLOW = 1100, 1101, 1102, 1103
 

@@ -9,11 +9,11 @@ import pytest
 import trio
 import trio.testing
 
-from client.remoting import RemotingClient
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.message import encode_properties
-from protocol.record import iter_records
+from trimq.client.remoting import RemotingClient
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.message import encode_properties
+from trimq.protocol.record import iter_records
 
 SUSPEND = 0x2
 

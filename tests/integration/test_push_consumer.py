@@ -19,8 +19,8 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry
 
-from broker.broker import Broker
-from client import (
+from trimq.broker.broker import Broker
+from trimq.client import (
     ClientConfig,
     ClientInstance,
     ConfigError,
@@ -38,9 +38,9 @@ from client import (
     PushConsumer,
     PushConsumerConfig,
 )
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.validation import retry_topic
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.validation import retry_topic
 
 T = "PushTopic"
 LEVELS = "100ms 100ms 100ms 100ms 100ms 100ms 100ms 100ms"  # level 3 + reconsume times stays short

@@ -20,15 +20,15 @@ from typing import Any
 import pytest
 import trio
 
-from broker.broker import Broker, open_broker
-from broker.config import BrokerConfig
-from broker.store.schedule import SCHEDULE_OFFSET_PROPERTY
-from client.remoting import RemotingClient
-from protocol import RemotingCommand, RequestCode, ResponseCode
-from protocol.message import MessageConst, MessageExt, encode_properties
-from protocol.record import iter_records
-from protocol.validation import SCHEDULE_TOPIC
 from tests.integration.conftest import small_store_env
+from trimq.broker.broker import Broker, open_broker
+from trimq.broker.config import BrokerConfig
+from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY
+from trimq.client.remoting import RemotingClient
+from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
+from trimq.protocol.message import MessageConst, MessageExt, encode_properties
+from trimq.protocol.record import iter_records
+from trimq.protocol.validation import SCHEDULE_TOPIC
 
 T = "RetryTopic"
 G = "retry_group"

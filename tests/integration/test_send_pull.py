@@ -6,12 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.broker import Broker
-from client.remoting import RemotingClient
-from protocol.codes import RequestCode, ResponseCode
-from protocol.command import RemotingCommand
-from protocol.message import encode_properties
-from protocol.record import iter_records, parse_message_id
+from trimq.broker.broker import Broker
+from trimq.client.remoting import RemotingClient
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.message import encode_properties
+from trimq.protocol.record import iter_records, parse_message_id
 
 RC = RequestCode
 

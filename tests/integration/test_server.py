@@ -14,10 +14,10 @@ import msgpack
 import pytest
 import trio
 
-from broker.server import Connection, RemotingServer, RequestError
-from client.remoting import RemotingClient, RemotingConnectError, RemotingTimeoutError
-from protocol import RemotingCommand, RequestCode, ResponseCode
-from protocol.frame import FrameDecoder, encode_frame
+from trimq.broker.server import Connection, RemotingServer, RequestError
+from trimq.client.remoting import RemotingClient, RemotingConnectError, RemotingTimeoutError
+from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
+from trimq.protocol.frame import FrameDecoder, encode_frame
 
 ECHO = 1000
 SLOW = 1001

@@ -15,13 +15,13 @@ import pytest
 import trio
 import trustme
 
-from broker.broker import Broker, open_broker
-from broker.config import BrokerConfig, ConfigError
-from broker.server import RemotingServer, server_ssl_context
-from client.remoting import RemotingClient, RemotingConnectError, RemotingError
-from client.tls import TlsConfigError, client_ssl_context
-from protocol import RemotingCommand, RequestCode, ResponseCode
-from protocol.address import parse_address
+from trimq.broker.broker import Broker, open_broker
+from trimq.broker.config import BrokerConfig, ConfigError
+from trimq.broker.server import RemotingServer, server_ssl_context
+from trimq.client.remoting import RemotingClient, RemotingConnectError, RemotingError
+from trimq.client.tls import TlsConfigError, client_ssl_context
+from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
+from trimq.protocol.address import parse_address
 
 
 @dataclass
@@ -160,7 +160,7 @@ def test_bad_tls_settings_are_config_errors(tmp_path: Path, pki: Pki) -> None:
 
 
 def test_daemons_listen_on_loopback_by_default() -> None:
-    from broker.namesrv.service import NamesrvConfig
+    from trimq.broker.namesrv.service import NamesrvConfig
 
     for listen in (BrokerConfig().listen, NamesrvConfig().listen):
         host, _ = parse_address(listen)
@@ -171,8 +171,8 @@ def test_daemons_listen_on_loopback_by_default() -> None:
 async def test_sdk_producer_and_consumer_use_tls_and_acl_from_client_config(tmp_path: Path, pki: Pki) -> None:
     """ClientConfig alone (tls_enable, tls_ca_file, access_key, secret_key) is enough for the SDK to talk to a
     broker with TLS and ACL on, name server embedded on the same TLS port."""
-    from client import Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
-    from client.consume.common import ConsumeConcurrentlyStatus
+    from trimq.client import Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
+    from trimq.client.consume.common import ConsumeConcurrentlyStatus
 
     acl = tmp_path / "acl.toml"
     acl.write_text('[[accounts]]\naccess_key = "svc-key-1"\nsecret_key = "svc-secret-1"\nadmin = true\n')
@@ -203,8 +203,8 @@ async def test_sdk_producer_and_consumer_use_tls_and_acl_from_client_config(tmp_
 
 
 def test_client_config_rejects_half_configured_security() -> None:
-    from client.config import ClientConfig
-    from client.config import ConfigError as ClientConfigError
+    from trimq.client.config import ClientConfig
+    from trimq.client.config import ConfigError as ClientConfigError
 
     with pytest.raises(ClientConfigError, match="set both"):
         ClientConfig(access_key="only-the-key")
@@ -213,8 +213,8 @@ def test_client_config_rejects_half_configured_security() -> None:
 
 
 async def test_broker_registers_with_a_tls_name_server_and_clients_route_over_tls(tmp_path: Path, pki: Pki) -> None:
-    from broker.namesrv.service import NamesrvConfig, open_namesrv
-    from client import ClientConfig, ClientInstance
+    from trimq.broker.namesrv.service import NamesrvConfig, open_namesrv
+    from trimq.client import ClientConfig, ClientInstance
 
     ns_cfg = NamesrvConfig(listen="127.0.0.1:0", tls_cert_file=pki.cert, tls_key_file=pki.key)
     async with open_namesrv(config=ns_cfg) as ns:

@@ -24,13 +24,13 @@ import psutil
 import pytest
 import trio
 
-from broker.broker import open_broker
-from broker.config import BrokerConfig
-from protocol.codes import RequestCode as RC
-from protocol.codes import ResponseCode
-from protocol.command import RemotingCommand
-from protocol.frame import FrameDecoder, encode_frame
-from protocol.message import encode_properties
+from trimq.broker.broker import open_broker
+from trimq.broker.config import BrokerConfig
+from trimq.protocol.codes import RequestCode as RC
+from trimq.protocol.codes import ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.frame import FrameDecoder, encode_frame
+from trimq.protocol.message import encode_properties
 
 SUSPEND = 0x2
 MIB = 1024 * 1024
@@ -360,7 +360,7 @@ async def test_flow_control_bounds_unsent_bytes_and_answers_system_busy() -> Non
     """The server alone: a handler answering 64 KiB bodies to a peer that pipelines 400 requests and never
     reads. Unsent bytes stay within the connection's bound plus one frame, the excess answers are SYSTEM_BUSY
     (read them all at the end: every request got an answer, none was lost), and the counts return to zero."""
-    from broker.server import RemotingServer
+    from trimq.broker.server import RemotingServer
 
     server = RemotingServer(max_pending_write_bytes=512 * 1024, max_total_pending_write_bytes=4 * MIB,
                             busy_body_bytes=16 * 1024)

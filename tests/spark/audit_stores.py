@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.message import MessageConst, encode_properties
-from protocol.record import encode_blank, encode_record, message_id
-from protocol.validation import SCHEDULE_TOPIC, dlq_topic, retry_topic
+from trimq.protocol.message import MessageConst, encode_properties
+from trimq.protocol.record import encode_blank, encode_record, message_id
+from trimq.protocol.validation import SCHEDULE_TOPIC, dlq_topic, retry_topic
 
 STORE_HOST = ("10.1.2.3", 10911)
 BORN_HOST = ("192.168.7.8", 54321)

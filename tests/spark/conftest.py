@@ -24,7 +24,7 @@ def spark() -> Iterator[object]:
     """
     if not _java_available():
         pytest.skip("no Java runtime: the Spark tests need one (JAVA_HOME or java on PATH)")
-    from spark_jobs.session import build_session, stop_session
+    from trimq.spark_jobs.session import build_session, stop_session
 
     session = build_session(
         "local[2]",

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from audit_stores import StoreBuilder
 
-from spark_jobs import audit, cli
-from spark_jobs.commitlog_source import OptionError, parse_size
-from spark_jobs.report import render_report
+from trimq.spark_jobs import audit, cli
+from trimq.spark_jobs.commitlog_source import OptionError, parse_size
+from trimq.spark_jobs.report import render_report
 
 
 def test_parse_since_forms() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from audit_stores import STORE_HOST, StoreBuilder, rocketmq_record, write_rocketmq_segments
 
-from protocol.record import encode_blank, encode_record
-from spark_jobs import parser as P
+from trimq.protocol.record import encode_blank, encode_record
+from trimq.spark_jobs import parser as P
 
 
 def read_all(spec, split_size=None, **kw):

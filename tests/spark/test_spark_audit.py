@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from audit_stores import GROUP, build_clean_store, build_planted_store, write_rocketmq_segments
 
-from spark_jobs.audit import audit_store
-from spark_jobs.checks import DEFECT_CHECKS
+from trimq.spark_jobs.audit import audit_store
+from trimq.spark_jobs.checks import DEFECT_CHECKS
 
 pytestmark = pytest.mark.spark
 

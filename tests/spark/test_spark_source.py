@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from audit_stores import StoreBuilder, write_rocketmq_segments
 
-from spark_jobs import parser as P
-from spark_jobs.commitlog_source import CQ_FORMAT_NAME, FORMAT_NAME, RECORD_SCHEMA, register
+from trimq.spark_jobs import parser as P
+from trimq.spark_jobs.commitlog_source import CQ_FORMAT_NAME, FORMAT_NAME, RECORD_SCHEMA, register
 
 pytestmark = pytest.mark.spark
 

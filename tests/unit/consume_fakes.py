@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.api import SendResult, SendStatus
-from client.instance import TopicPublishInfo
-from protocol.message_queue import MessageQueue
+from trimq.client.api import SendResult, SendStatus
+from trimq.client.instance import TopicPublishInfo
+from trimq.protocol.message_queue import MessageQueue
 
 
 class FakeApi:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.acl import (
+from trimq.broker.acl import (
     ANY,
     DENY,
     PUB,
@@ -35,9 +35,9 @@ from broker.acl import (
     required_permissions,
     sign_command,
 )
-from client.tls import request_signature, sign_request
-from protocol import RemotingCommand, RequestCode
-from protocol.frame import FrameDecoder, encode_frame
+from trimq.client.tls import request_signature, sign_request
+from trimq.protocol import RemotingCommand, RequestCode
+from trimq.protocol.frame import FrameDecoder, encode_frame
 
 REPO = Path(__file__).resolve().parents[2]
 

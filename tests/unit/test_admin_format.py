@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.processors.admin_forward import compute_reset_offsets
-from client import admin_format as fmt
-from client.admin_handlers import parse_reset_body
-from protocol.message_queue import MessageQueue
+from trimq.broker.processors.admin_forward import compute_reset_offsets
+from trimq.client import admin_format as fmt
+from trimq.client.admin_handlers import parse_reset_body
+from trimq.protocol.message_queue import MessageQueue
 
 UTC = dt.UTC
 PLUS2 = dt.timezone(dt.timedelta(hours=2))

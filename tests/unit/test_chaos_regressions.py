@@ -19,17 +19,17 @@ from typing import Any
 
 import trio
 
-from broker.locks import RebalanceLockManager
-from client.config import PushConsumerConfig
-from client.consume.common import ConsumeOrderlyStatus
-from client.consume.orderly import ConsumeMessageOrderlyService
-from client.offset_store import ReadOffsetType
-from client.process_queue import ProcessQueue
-from client.rebalance.impl import PullRequest, RebalanceImpl
-from client.rebalance.strategies import get_strategy
-from client.subscription import build_subscription_data
-from protocol.message import MessageExt
-from protocol.message_queue import MessageQueue
+from trimq.broker.locks import RebalanceLockManager
+from trimq.client.config import PushConsumerConfig
+from trimq.client.consume.common import ConsumeOrderlyStatus
+from trimq.client.consume.orderly import ConsumeMessageOrderlyService
+from trimq.client.offset_store import ReadOffsetType
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.rebalance.impl import PullRequest, RebalanceImpl
+from trimq.client.rebalance.strategies import get_strategy
+from trimq.client.subscription import build_subscription_data
+from trimq.protocol.message import MessageExt
+from trimq.protocol.message_queue import MessageQueue
 
 G, T, ME = "g", "Orders", "10.0.0.1@1"
 
@@ -271,8 +271,8 @@ async def test_listener_does_not_run_once_the_lock_lapsed_while_waiting(autojump
 
 
 def test_orderly_key_shares_give_each_worker_one_queue() -> None:
-    from client.cli import key_name, orderly_key_shares
-    from client.selectors import select_by_hash
+    from trimq.client.cli import key_name, orderly_key_shares
+    from trimq.client.selectors import select_by_hash
 
     mqs = [MessageQueue(T, b, q) for b in ("broker-a", "broker-b") for q in range(4)]
     for keys, workers in ((200, 32), (5, 64), (1000, 3), (1, 1)):
@@ -285,8 +285,8 @@ def test_orderly_key_shares_give_each_worker_one_queue() -> None:
 
 
 async def test_orderly_producer_keeps_sending_to_live_brokers(autojump_clock: Any) -> None:
-    from client.api import SendResult, SendStatus
-    from client.cli import LoadProducer, ProducerOptions
+    from trimq.client.api import SendResult, SendStatus
+    from trimq.client.cli import LoadProducer, ProducerOptions
 
     mqs = [MessageQueue(T, b, q) for b in ("broker-a", "broker-b") for q in range(2)]
     sent: list[tuple[float, MessageQueue, str, int]] = []
@@ -315,10 +315,10 @@ async def test_orderly_producer_keeps_sending_to_live_brokers(autojump_clock: An
 
 async def test_lock_batch_over_the_wire_says_which_queues_were_kept(tmp_path: Any) -> None:
     # The broker's keptMQSet, as the client API reads it (a real broker on a socket).
-    from broker.broker import open_broker
-    from broker.config import BrokerConfig
-    from client.api import MQClientAPI
-    from client.remoting import RemotingClient
+    from trimq.broker.broker import open_broker
+    from trimq.broker.config import BrokerConfig
+    from trimq.client.api import MQClientAPI
+    from trimq.client.remoting import RemotingClient
 
     config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"))
     async with open_broker(config) as broker, RemotingClient(default_timeout_s=10) as rc:

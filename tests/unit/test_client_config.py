@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from client.config import (
+from trimq.client.config import (
     ClientConfig,
     ConfigError,
     ProducerConfig,
@@ -169,7 +169,7 @@ def test_load_client_settings_precedence(tmp_path, monkeypatch: pytest.MonkeyPat
 def test_client_loader_has_the_daemons_rules(tmp_path: Any, monkeypatch: Any) -> None:
     """One settings machinery for daemons and clients (protocol/settings.py): a file with only other programs'
     tables is refused instead of silently giving defaults, and errors say where a value came from."""
-    from client.config import ConfigError, PushConsumerConfig, load_client_settings
+    from trimq.client.config import ConfigError, PushConsumerConfig, load_client_settings
 
     only_broker = tmp_path / "b.toml"
     only_broker.write_text("[broker]\nlisten = '127.0.0.1:1'\n")

@@ -7,12 +7,12 @@ from typing import Any
 
 import trio
 
-from client.config import ClientConfig
-from client.instance import ClientInstance
-from client.subscription import SubscriptionData, build_subscription_data
-from protocol.codes import RequestCode
-from protocol.command import RemotingCommand
-from protocol.message_queue import MessageQueue
+from trimq.client.config import ClientConfig
+from trimq.client.instance import ClientInstance
+from trimq.client.subscription import SubscriptionData, build_subscription_data
+from trimq.protocol.codes import RequestCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.message_queue import MessageQueue
 
 
 class FakeConsumer:

@@ -8,20 +8,20 @@ from typing import Any
 import pytest
 import trio
 
-from client.api import PullResult, PullStatus, process_pull_messages
-from client.config import PushConsumerConfig
-from client.errors import MQBrokerError
-from client.offset_store import OffsetTable, ReadOffsetType
-from client.process_queue import ProcessQueue
-from client.pull import PullService, flow_control_reason
-from client.rebalance.impl import PullRequest, RebalanceImpl
-from client.rebalance.strategies import get_strategy
-from client.remoting import RemotingTimeoutError
-from client.subscription import build_subscription_data
-from protocol.codes import ResponseCode
-from protocol.message import MessageConst, MessageExt, encode_properties
-from protocol.message_queue import MessageQueue
-from protocol.record import encode_record, iter_records
+from trimq.client.api import PullResult, PullStatus, process_pull_messages
+from trimq.client.config import PushConsumerConfig
+from trimq.client.errors import MQBrokerError
+from trimq.client.offset_store import OffsetTable, ReadOffsetType
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.pull import PullService, flow_control_reason
+from trimq.client.rebalance.impl import PullRequest, RebalanceImpl
+from trimq.client.rebalance.strategies import get_strategy
+from trimq.client.remoting import RemotingTimeoutError
+from trimq.client.subscription import build_subscription_data
+from trimq.protocol.codes import ResponseCode
+from trimq.protocol.message import MessageConst, MessageExt, encode_properties
+from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.record import encode_record, iter_records
 
 G, T = "g1", "TopicA"
 MQ = MessageQueue(T, "broker-a", 0)
@@ -45,7 +45,7 @@ def test_process_pull_messages_filters_tags_exactly_and_sets_offsets() -> None:
     assert kept[0].properties[MessageConst.MAX_OFFSET] == "10"
     everything, dropped = process_pull_messages(body, set(), 0, 10, "addr")
     assert len(everything) == 4 and dropped == 0
-    from client.errors import MQClientError
+    from trimq.client.errors import MQClientError
 
     with pytest.raises(MQClientError, match="undecodable records"):
         process_pull_messages(b"\x00" * 50, None, 0, 0, "addr")

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import trio
 
-from broker.store.checkpoint import Checkpoint, CheckpointError, read_checkpoint
-from broker.store.commitlog import StoreError, file_name
-from broker.store.consume_queue import tags_string_to_tags_code
-from broker.store.message_store import (
+from trimq.broker.store.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from trimq.broker.store.commitlog import StoreError, file_name
+from trimq.broker.store.consume_queue import tags_string_to_tags_code
+from trimq.broker.store.message_store import (
     GetMessageStatus,
     MessageStore,
     PutMessageStatus,
@@ -24,9 +24,9 @@ from broker.store.message_store import (
     StoreConfig,
     get_property,
 )
-from broker.store.recovery import scan_commit_log
-from protocol.message import encode_properties
-from protocol.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, decode_record, encode_record, iter_records
+from trimq.broker.store.recovery import scan_commit_log
+from trimq.protocol.message import encode_properties
+from trimq.protocol.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, decode_record, encode_record, iter_records
 
 SEG = 4096
 CQ_FILE = 20 * 16
@@ -391,7 +391,7 @@ def test_scan_of_an_empty_directory(tmp_path: Path) -> None:
 
 
 def test_atomic_json_files(tmp_path: Path) -> None:
-    from broker.store.atomic import read_json, write_json_atomic
+    from trimq.broker.store.atomic import read_json, write_json_atomic
 
     path = tmp_path / "config" / "x.json"
     assert read_json(path, {"default": 1}) == {"default": 1}

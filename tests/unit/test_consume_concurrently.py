@@ -12,20 +12,20 @@ import pytest
 import trio
 import trio.testing
 
-from client.config import PushConsumerConfig
-from client.consume.common import (
+from tests.unit.consume_fakes import FakeApi, FakeClient, FakeOffsets
+from trimq.client.config import PushConsumerConfig
+from trimq.client.consume.common import (
     CMResult,
     ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus,
     ConsumeHooks,
 )
-from client.consume.concurrently import ConsumeMessageConcurrentlyService
-from client.errors import MQBrokerError, MQClientError
-from client.process_queue import ProcessQueue
-from client.remoting import RemotingConnectError
-from protocol.message import MessageConst, MessageExt
-from protocol.message_queue import MessageQueue
-from tests.unit.consume_fakes import FakeApi, FakeClient, FakeOffsets
+from trimq.client.consume.concurrently import ConsumeMessageConcurrentlyService
+from trimq.client.errors import MQBrokerError, MQClientError
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.remoting import RemotingConnectError
+from trimq.protocol.message import MessageConst, MessageExt
+from trimq.protocol.message_queue import MessageQueue
 
 G, T = "cg", "Orders"
 MQ = MessageQueue(T, "broker-a", 1)

@@ -14,8 +14,9 @@ import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from client.config import PushConsumerConfig
-from client.consume.common import (
+from tests.unit.consume_fakes import FakeApi, FakeClient, FakeOffsets
+from trimq.client.config import PushConsumerConfig
+from trimq.client.consume.common import (
     CMResult,
     ConsumeHooks,
     ConsumeOrderlyContext,
@@ -23,13 +24,12 @@ from client.consume.common import (
     ConsumeReturnType,
     is_async_callable,
 )
-from client.consume.orderly import ConsumeMessageOrderlyService, clamp_suspend_millis
-from client.errors import MQBrokerError, MQClientError
-from client.process_queue import ProcessQueue
-from client.remoting import RemotingTimeoutError
-from protocol.message import MessageConst, MessageExt
-from protocol.message_queue import MessageQueue
-from tests.unit.consume_fakes import FakeApi, FakeClient, FakeOffsets
+from trimq.client.consume.orderly import ConsumeMessageOrderlyService, clamp_suspend_millis
+from trimq.client.errors import MQBrokerError, MQClientError
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.remoting import RemotingTimeoutError
+from trimq.protocol.message import MessageConst, MessageExt
+from trimq.protocol.message_queue import MessageQueue
 
 G, T = "og", "Orders"
 MQ = MessageQueue(T, "broker-a", 0)

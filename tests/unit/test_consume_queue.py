@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue, file_name, tags_string_to_tags_code
+from trimq.broker.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue, file_name, tags_string_to_tags_code
 
 FILE = 20 * 16  # 16 units per file
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from broker.consumers import ConsumerManager, HeartbeatData, SubscriptionData, parse_heartbeat
+from trimq.broker.consumers import ConsumerManager, HeartbeatData, SubscriptionData, parse_heartbeat
 
 G = "order_group"
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.store.delay_levels import DEFAULT, MAX_DELAY_MS, DelayLevelTable
+from trimq.broker.store.delay_levels import DEFAULT, MAX_DELAY_MS, DelayLevelTable
 
 S, M, H = 1_000, 60_000, 3_600_000
 

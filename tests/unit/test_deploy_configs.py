@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: python tests/unit/test_deploy_configs.py --write
     sys.path.insert(0, str(ROOT))
 
-from broker.config import CONFIG_SECTIONS, BrokerConfig, ConfigError, load_settings  # noqa: E402
-from broker.namesrv.service import NamesrvConfig  # noqa: E402
-from client.config import ClientConfig, ProducerConfig, PushConsumerConfig, load_client_settings  # noqa: E402
-from client.config import ConfigError as ClientConfigError  # noqa: E402
+from trimq.broker.config import CONFIG_SECTIONS, BrokerConfig, ConfigError, load_settings  # noqa: E402
+from trimq.broker.namesrv.service import NamesrvConfig  # noqa: E402
+from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig, load_client_settings  # noqa: E402
+from trimq.client.config import ConfigError as ClientConfigError  # noqa: E402
 
 DEPLOY = ROOT / "deploy"
 CONFIGURATION_MD = ROOT / "docs" / "CONFIGURATION.md"
@@ -98,7 +98,7 @@ def test_deploy_examples_exist() -> None:
 
 
 def test_acl_example_loads() -> None:
-    from broker.acl import load_acl
+    from trimq.broker.acl import load_acl
 
     acl = load_acl(str(DEPLOY / "acl.example.toml"))
     assert acl is not None
@@ -191,13 +191,13 @@ def _flags() -> dict[str, dict[str, str]]:
     """Setting name -> flag, per program, read from the click commands themselves."""
     import click
 
-    from broker.cli import main as broker_main
-    from broker.namesrv.cli import main as namesrv_main
+    from trimq.broker.cli import main as broker_main
+    from trimq.broker.namesrv.cli import main as namesrv_main
 
     renamed = {"flush": "flush_disk_type", "from_where": "consume_from_where"}
     commands: dict[str, Any] = {"broker": broker_main, "namesrv": namesrv_main}
     try:
-        from client.cli import consumer_main, producer_main
+        from trimq.client.cli import consumer_main, producer_main
 
         commands.update(consumer=consumer_main, producer=producer_main)
     except ImportError:  # pragma: no cover - the client CLI is optional for this table
@@ -525,14 +525,14 @@ def test_prometheus_scrapes_every_daemon_of_the_example_cluster() -> None:
 
 
 def known_metrics() -> set[str]:
-    import broker.metrics
-    import broker.namesrv.metrics
+    from trimq.broker import metrics as broker_metrics
+    from trimq.broker.namesrv import metrics as namesrv_metrics
 
-    names = set(broker.metrics.METRICS) | set(broker.namesrv.metrics.METRICS)
+    names = set(broker_metrics.METRICS) | set(namesrv_metrics.METRICS)
     # The client's: the table in client/metrics.py's docstring (counters listed with their _total name).
-    import client.metrics
+    from trimq.client import metrics as client_metrics
 
-    names |= set(re.findall(r"^(trimq_consumer_[a-z_]+)\s", client.metrics.__doc__ or "", re.MULTILINE))
+    names |= set(re.findall(r"^(trimq_consumer_[a-z_]+)\s", client_metrics.__doc__ or "", re.MULTILINE))
     return names
 
 

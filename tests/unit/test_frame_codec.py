@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from trimq.protocol import (
     EmptyFrameError,
     FieldTypeError,
     FrameDecoder,

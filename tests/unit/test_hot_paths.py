@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.process_queue import _OffsetMap
-from client.producer import UniqIdGenerator
-from protocol.errors import RecordError
-from protocol.message import MessageExt, encode_properties
-from protocol.record import RecordDecoder, decode_records, encode_record, iter_records
+from trimq.client.process_queue import _OffsetMap
+from trimq.client.producer import UniqIdGenerator
+from trimq.protocol.errors import RecordError
+from trimq.protocol.message import MessageExt, encode_properties
+from trimq.protocol.record import RecordDecoder, decode_records, encode_record, iter_records
 
 hosts = st.sampled_from([("127.0.0.1", 10911), ("10.1.2.3", 5), ("::1", 7), ("fe80::1", 65535), ("0.0.0.0", 0)])
 props = st.dictionaries(st.sampled_from(["UNIQ_KEY", "TAGS", "KEYS", "MIN_OFFSET", "é"]),

@@ -7,14 +7,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broker.locks import (
+from trimq.broker.locks import (
     DEFAULT_LOCK_MAX_LIVE_MS,
     LockInfo,
     LockOutcome,
     RebalanceLockManager,
     wall_clock_ms,
 )
-from protocol.message_queue import MessageQueue
+from trimq.protocol.message_queue import MessageQueue
 
 G = "orderly_group"
 MAX = 60_000

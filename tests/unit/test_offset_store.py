@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import trio
 
-from client.errors import MQBrokerError, MQClientError, NoPermissionError, OffsetNotFoundError
-from client.offset_store import (
+from trimq.client.errors import MQBrokerError, MQClientError, NoPermissionError, OffsetNotFoundError
+from trimq.client.offset_store import (
     MEMORY_FIRST_THEN_STORE,
     READ_FROM_MEMORY,
     READ_FROM_STORE,
@@ -18,9 +18,9 @@ from client.offset_store import (
     RemoteBrokerOffsetStore,
     default_local_offset_dir,
 )
-from client.remoting import RemotingConnectError
-from protocol.codes import ResponseCode
-from protocol.message_queue import MessageQueue
+from trimq.client.remoting import RemotingConnectError
+from trimq.protocol.codes import ResponseCode
+from trimq.protocol.message_queue import MessageQueue
 
 G = "g1"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from broker.locks import RebalanceLockManager
-from broker.store.offsets import ConsumerOffsetManager, OffsetStoreError, QueueProgress, offset_file_path
-from protocol.message_queue import MessageQueue
+from trimq.broker.locks import RebalanceLockManager
+from trimq.broker.store.offsets import ConsumerOffsetManager, OffsetStoreError, QueueProgress, offset_file_path
+from trimq.protocol.message_queue import MessageQueue
 
 G = "order_group"
 T = "TopicA"

@@ -7,8 +7,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from client.process_queue import ProcessQueue
-from protocol.message import MessageConst, MessageExt
+from trimq.client.process_queue import ProcessQueue
+from trimq.protocol.message import MessageConst, MessageExt
 
 T0 = 1_700_000_000_000
 BODY_123 = bytes(123)

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from client.api import BrokerData, QueueData, TopicRouteData, parse_route
-from client.config import ClientConfig
-from client.errors import (
+from trimq.client.api import BrokerData, QueueData, TopicRouteData, parse_route
+from trimq.client.config import ClientConfig
+from trimq.client.errors import (
     ClientIdConflictError,
     EmptyBodyError,
     ForbiddenTopicError,
@@ -18,10 +18,10 @@ from client.errors import (
     MessageTooLargeError,
     MQClientError,
 )
-from client.instance import ClientInstance, TopicPublishInfo, build_client_id
-from client.producer import UniqIdGenerator, validate_message
-from protocol.message import Message
-from protocol.message_queue import MessageQueue
+from trimq.client.instance import ClientInstance, TopicPublishInfo, build_client_id
+from trimq.client.producer import UniqIdGenerator, validate_message
+from trimq.protocol.message import Message
+from trimq.protocol.message_queue import MessageQueue
 
 
 def test_validate_message_errors_are_specific() -> None:

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 import trio
 
-from client.config import PushConsumerConfig
-from client.errors import MQBrokerError, OffsetUnavailableError
-from client.offset_store import ReadOffsetType
-from client.process_queue import ProcessQueue
-from client.rebalance.impl import PullRequest, RebalanceImpl
-from client.rebalance.strategies import get_strategy
-from client.subscription import build_subscription_data
-from protocol.codes import ResponseCode
-from protocol.message import MessageExt
-from protocol.message_queue import MessageQueue
+from trimq.client.config import PushConsumerConfig
+from trimq.client.errors import MQBrokerError, OffsetUnavailableError
+from trimq.client.offset_store import ReadOffsetType
+from trimq.client.process_queue import ProcessQueue
+from trimq.client.rebalance.impl import PullRequest, RebalanceImpl
+from trimq.client.rebalance.strategies import get_strategy
+from trimq.client.subscription import build_subscription_data
+from trimq.protocol.codes import ResponseCode
+from trimq.protocol.message import MessageExt
+from trimq.protocol.message_queue import MessageQueue
 
 G = "g1"
 T = "TopicA"

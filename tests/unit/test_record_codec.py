@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.store.commitlog import RecordEncoder, host_sys_flag
-from protocol.errors import RecordError
-from protocol.message import decode_properties, encode_properties
-from protocol.record import (
+from trimq.broker.store.commitlog import RecordEncoder, host_sys_flag
+from trimq.protocol.errors import RecordError
+from trimq.protocol.message import decode_properties, encode_properties
+from trimq.protocol.record import (
     BLANK_MAGIC_CODE,
     decode_record,
     encode_blank,

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import trio
 
-from broker.broker import Broker, open_broker
-from broker.config import BrokerConfig
-from client.api import SendStatus
-from client.config import ProducerConfig
-from client.errors import InvalidTopicError
-from client.producer import Producer
-from client.runner import RunnerClosedError, TrioRunner
-from protocol.message import Message
+from trimq.broker.broker import Broker, open_broker
+from trimq.broker.config import BrokerConfig
+from trimq.client.api import SendStatus
+from trimq.client.config import ProducerConfig
+from trimq.client.errors import InvalidTopicError
+from trimq.client.producer import Producer
+from trimq.client.runner import RunnerClosedError, TrioRunner
+from trimq.protocol.message import Message
 
 
 @pytest.fixture
@@ -171,13 +171,13 @@ def test_blocking_calls_from_the_trio_thread_are_refused(runner: TrioRunner) -> 
 def test_push_consumer_from_threads_and_asyncio(runner: TrioRunner, tmp_path: Path) -> None:
     """A consumer with a plain-def listener (worker threads) fed from plain threads, and one with an
     async listener fed from asyncio; closing the runner shuts both down gracefully."""
-    from client import (
+    from trimq.client import (
         ConsumeConcurrentlyStatus,
         ConsumeOrderlyStatus,
         PushConsumer,
         PushConsumerConfig,
     )
-    from client.cli import ensure_topic
+    from trimq.client.cli import ensure_topic
 
     broker = start_broker(runner, tmp_path)
     producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.address, producer_group="runner_pc")))

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.processors.retry import _GroupResend, build_send_back_properties
-from broker.store.delay_levels import DelayLevelTable
-from broker.store.schedule import (
+from trimq.broker.processors.retry import _GroupResend, build_send_back_properties
+from trimq.broker.store.delay_levels import DelayLevelTable
+from trimq.broker.store.schedule import (
     SCHEDULE_OFFSET_PROPERTY,
     decode_offset_table,
     delay_level_of,
@@ -18,10 +18,10 @@ from broker.store.schedule import (
     message_timeup,
     redirect_to_schedule,
 )
-from broker.store.subscription_groups import SubscriptionGroupConfig, SubscriptionGroupManager
-from protocol.message import MessageExt
-from protocol.record import SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_PREPARED
-from protocol.validation import SCHEDULE_TOPIC
+from trimq.broker.store.subscription_groups import SubscriptionGroupConfig, SubscriptionGroupManager
+from trimq.protocol.message import MessageExt
+from trimq.protocol.record import SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_PREPARED
+from trimq.protocol.validation import SCHEDULE_TOPIC
 
 TABLE = DelayLevelTable.parse("100ms 200ms 300ms")
 DEFAULT = DelayLevelTable.parse()
@@ -225,9 +225,9 @@ def test_resend_marks_compact_into_an_offset(marks: list[int]) -> None:
 
 
 def test_send_back_marks_an_operators_skip_on_the_dead_letter_only() -> None:
-    from broker.processors.retry import build_send_back_properties
-    from protocol.message import MessageConst
-    from protocol.record import decode_record, encode_record
+    from trimq.broker.processors.retry import build_send_back_properties
+    from trimq.protocol.message import MessageConst
+    from trimq.protocol.record import decode_record, encode_record
 
     msg = decode_record(encode_record(topic="T", body=b"b", queue_id=0, queue_offset=0, physical_offset=0))
     dead = build_send_back_properties(msg, "g", delay_level=-1, max_reconsume_times=16, retry_queue_id=0,

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.selectors import (
+from trimq.client.selectors import (
     SelectMessageQueueByHash,
     java_hash_code,
     java_string_hash,
     select_by_hash,
     select_random,
 )
-from protocol.message_queue import MessageQueue
+from trimq.protocol.message_queue import MessageQueue
 
 ROOT = str(Path(__file__).resolve().parents[2])
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.rebalance.strategies import (
+from trimq.client.rebalance.strategies import (
     STRATEGY_NAMES,
     AllocateMachineRoomNearby,
     AllocateMessageQueueAveragely,
@@ -33,7 +33,7 @@ from client.rebalance.strategies import (
     simulate,
     sorted_inputs,
 )
-from protocol.message_queue import MessageQueue
+from trimq.protocol.message_queue import MessageQueue
 
 GROUP = "testConsumerGroup"
 

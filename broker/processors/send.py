@@ -166,10 +166,14 @@ class SendService(HandlerService):
             st[0] += len(res.msg_ids) or 1
             st[1] += res.wrote_bytes
 
-    def _response(self, cmd: RemotingCommand, res: PutResult, msg_id: str) -> RemotingCommand:
+    def _response(self, cmd: RemotingCommand, res: PutResult, msg_id: str, queue_id: int) -> RemotingCommand:
+        """The send answer. ``queue_id`` is the queue the request resolved to (RocketMQ's ``queueIdInt``), not
+        where the record went: a delayed message is stored in SCHEDULE_TOPIC_XXXX queue ``level - 1`` and an
+        exhausted retry in ``%DLQ%group`` queue 0, yet the producer is told the queue it asked for (its
+        SendResult's message queue). ``queueOffset`` is the stored record's, as RocketMQ answers it."""
         code = _STATUS_CODE.get(res.status, ResponseCode.SYSTEM_ERROR)
         if code == ResponseCode.SUCCESS or code == ResponseCode.FLUSH_DISK_TIMEOUT:
-            ext = {"msgId": msg_id, "queueId": res.queue_id, "queueOffset": res.queue_offset}
+            ext = {"msgId": msg_id, "queueId": queue_id, "queueOffset": res.queue_offset}
             return RemotingCommand.response_to(cmd, code, res.remark or None, ext)
         return RemotingCommand.response_to(cmd, code, f"{res.status.value}: {res.remark}")
 
@@ -181,6 +185,7 @@ class SendService(HandlerService):
         props = str_field(ext, "properties", "")
         cfg, queue_id = self._check(ext, conn, [(len(body), len(props))])
         topic = cfg.topic_name
+        requested_queue_id = queue_id  # answered whatever the store does with the message (_response)
         if topic.startswith("%RETRY%"):
             # Issue 5: RocketMQ's handleRetryAndDLQ (exhausted retries go to %DLQ%group at once).
             from trimq.broker.processors.retry import handle_retry_and_dlq
@@ -195,7 +200,7 @@ class SendService(HandlerService):
             reconsume_times=int_field(ext, "reconsumeTimes", 0, bits=32),
         )
         self._count(cfg.topic_name, res)
-        return self._response(cmd, res, res.msg_id)
+        return self._response(cmd, res, res.msg_id, requested_queue_id)
 
     async def send_batch_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         ext = cmd.ext
@@ -229,7 +234,7 @@ class SendService(HandlerService):
             reconsume_times=int_field(ext, "reconsumeTimes", 0, bits=32),
         )
         self._count(cfg.topic_name, res)
-        return self._response(cmd, res, ",".join(res.msg_ids))
+        return self._response(cmd, res, ",".join(res.msg_ids), queue_id)
 
 
 def _explain_bad_batch(items: list[Any]) -> None:

@@ -27,7 +27,7 @@ from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY
 from trimq.client.remoting import RemotingClient
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.message import MessageConst, MessageExt, encode_properties
-from trimq.protocol.record import iter_records
+from trimq.protocol.record import iter_records, parse_message_id
 from trimq.protocol.validation import SCHEDULE_TOPIC
 
 T = "RetryTopic"
@@ -274,8 +274,9 @@ async def test_plain_send_to_retry_topic_is_rerouted_to_dlq_when_exhausted(tmp_p
         [retry] = await pull_until(rc, addr, RETRY, 0, 1)
         assert retry.reconsume_times == 2 and MessageConst.DELAY_TIME_LEVEL not in retry.properties
 
-        resp = await send(rc, addr, RETRY, b"last", props, reconsumeTimes=5, maxReconsumeTimes=5)
+        resp = await send(rc, addr, RETRY, b"last", props, queue_id=2, reconsumeTimes=5, maxReconsumeTimes=5)
         assert resp.ok, resp.remark
+        assert resp.ext["queueId"] == 2  # the queue asked for, as RocketMQ answers (stored in DLQ queue 0)
         [dead] = queue_messages(broker, DLQ, 0)  # at once, despite the DELAY the client asked for
         assert dead.body == b"last" and dead.reconsume_times == 5
         assert MessageConst.DELAY_TIME_LEVEL not in dead.properties
@@ -293,6 +294,16 @@ async def test_producer_delayed_messages_arrive_after_their_delay(tmp_path: Path
             resp = await send(rc, addr, T, f"L{level}".encode(), {"DELAY": str(level), "KEYS": f"k{level}"},
                               queue_id=1)
             assert resp.ok, resp.remark
+            # The answer names the queue asked for (RocketMQ's queueIdInt), not SCHEDULE_TOPIC_XXXX's queue
+            # level - 1 where the record is parked; the offset is the parked record's, as RocketMQ answers it.
+            assert resp.ext["queueId"] == 1
+            _host, parked_at = parse_message_id(resp.ext["msgId"])
+            parked_now = broker.component("store").lookup_message_by_offset(parked_at)
+            assert parked_now is not None
+            assert parked_now.topic == SCHEDULE_TOPIC and parked_now.queue_id == min(level, 3) - 1
+            assert resp.ext["queueOffset"] == parked_now.queue_offset
+            assert parked_now.properties[MessageConst.REAL_TOPIC] == T
+            assert parked_now.properties[MessageConst.REAL_QUEUE_ID] == "1"
         store = broker.component("store")
         got = await pull_until(rc, addr, T, 1, 3)
         assert sorted(m.body for m in got) == [b"L1", b"L2", b"L9"]

@@ -63,6 +63,8 @@ class Broker:
             max_pending_write_bytes=config.max_pending_write_bytes,
             max_total_pending_write_bytes=config.max_total_pending_write_bytes,
             busy_body_bytes=config.busy_body_bytes,
+            write_stall_timeout_s=config.max_write_stall_ms / 1000,
+            max_idle_s=config.server_channel_max_idle_time_seconds,
             shutdown_grace_s=config.shutdown_grace_ms / 1000,
         )
         self.ssl_context = _server_ssl_context(config)

@@ -48,11 +48,18 @@ class BrokerConfig:
                                          min=1, max=65_536)
     max_pending_write_bytes: int = setting(32 * 1024 * 1024, "unsent response bytes per connection before "
                                            "answers wait (or become SYSTEM_BUSY)", min=64 * 1024, max=2**31 - 1)
-    max_total_pending_write_bytes: int = setting(256 * 1024 * 1024, "unsent response bytes of all connections "
-                                                 "before large answers to peers that are behind become "
-                                                 "SYSTEM_BUSY", min=64 * 1024, max=2**40)
+    max_total_pending_write_bytes: int = setting(256 * 1024 * 1024, "unsent answer bytes of all connections "
+                                                 "(every frame counts) before peers that are behind are paused: "
+                                                 "their large answers become SYSTEM_BUSY, the others wait",
+                                                 min=64 * 1024, max=2**40)
     busy_body_bytes: int = setting(16 * 1024, "a response body larger than this is answered SYSTEM_BUSY rather "
                                    "than held while its peer is behind; smaller ones wait", min=0, max=2**31 - 1)
+    max_write_stall_ms: int = setting(30_000, "a connection whose answers make no write progress this long (the peer "
+                                      "does not read; it is paused meanwhile) is closed; 0 = never",
+                                      min=0, max=3_600_000)
+    server_channel_max_idle_time_seconds: int = setting(120, "close a connection on which no frame arrived for this "
+                                                        "long (RocketMQ's serverChannelMaxIdleTimeSeconds; clients "
+                                                        "heartbeat every 30 s); 0 = never", min=0, max=86_400)
     auto_create_topic_enable: bool = setting(True, "create a topic on first send")
     default_topic_queue_nums: int = setting(4, "queues of an auto-created topic", min=1, max=1024)
     long_polling_enable: bool = setting(True, "hold pulls on an empty queue until a message arrives")

@@ -12,15 +12,23 @@ pipelining client gets many responses per system call.
 Bounds that keep a misbehaving peer from hurting others: at most ``max_connections`` connections; per
 connection at most ``max_inflight_requests`` requests being handled (the reader stops reading until one
 finishes, so TCP pushes back on the sender) and at most ``max_pending_write_bytes`` of unsent responses
-(handlers wait for the peer to read). A malformed frame closes only that connection.
+(handlers wait for the peer to read). A malformed frame closes only that connection. Every request's numeric
+fields are range-checked (protocol/fields.py) before its handler runs. Whatever a handler raises, and whatever
+its answer holds, the peer gets an answer of bounded size (remarks are cut to ``MAX_REMARK_CHARS``; an answer
+that cannot be encoded becomes SYSTEM_ERROR) and the server keeps running. A connection on which no frame
+arrives for ``max_idle_s`` is closed (RocketMQ's ``serverChannelMaxIdleTimeSeconds``), and so is one whose
+answers make no progress for ``write_stall_timeout_s`` (a peer that does not read).
 
 Flow control (docs/PROTOCOL.md §2): a response whose body is larger than ``busy_body_bytes`` (a pull's
 records) is replaced by a bodiless SYSTEM_BUSY, RocketMQ's flow-control code, when queueing it would take
 its connection past ``max_pending_write_bytes`` unsent, or the whole server past
-``max_total_pending_write_bytes`` while that peer is itself behind; smaller frames wait for space before
-they are encoded. So a peer that pipelines requests and never reads costs the broker at most about
-``max_pending_write_bytes + max_inflight_requests * busy_body_bytes``, and all such peers together about
-``max_total_pending_write_bytes`` plus their small frames, while peers that read keep being served.
+``max_total_pending_write_bytes`` while that peer is itself behind. Every other frame, however small, counts
+against the same two budgets: it waits, before it is encoded, while its connection has more than
+``max_pending_write_bytes`` unsent or while the server has more than ``max_total_pending_write_bytes``
+unsent and this peer is itself behind (``busy_body_bytes`` or more unsent); a connection in that state is
+*paused* (its requests are not read). So all peers that never read together cost the broker about
+``max_total_pending_write_bytes`` plus a frame each, and peers that read keep being served; a paused peer
+whose answers make no progress is closed after ``write_stall_timeout_s``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import itertools
 import ssl
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,6 +46,7 @@ from trimq.protocol.address import format_address
 from trimq.protocol.codes import ResponseCode, code_name
 from trimq.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from trimq.protocol.errors import ProtocolError
+from trimq.protocol.fields import check_field_ranges
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 
@@ -60,6 +70,21 @@ FastPath = Callable[[RemotingCommand, "Connection"], "RemotingCommand | Deferred
 Authorizer = Callable[[RemotingCommand, "Connection"], "str | None"]
 RECEIVE_CHUNK_BYTES = 256 * 1024
 WRITE_BATCH_BYTES = 1024 * 1024  # frames joined into one send_all at most (a copy)
+# Frames smaller than this are appended to a shared buffer instead of queued one by one: a queued bytes object
+# costs ~40 bytes beyond its length, which for small answers (a PULL_NOT_FOUND is ~100 bytes) would make the
+# memory of unsent answers nearly twice what the budgets count.
+SMALL_FRAME_BYTES = 4096
+COALESCE_BYTES = 64 * 1024
+MAX_REMARK_CHARS = 512
+"""Longest remark an answer carries; longer ones (a remark that echoes a multi-MB field) are cut."""
+
+
+def bounded_remark(remark: str, limit: int = MAX_REMARK_CHARS) -> str:
+    """``remark`` cut to ``limit`` characters, saying how much was left out (an answer's remark may echo a
+    field of any size; the answer must stay small)."""
+    if len(remark) <= limit:
+        return remark
+    return f"{remark[:limit]}... ({len(remark) - limit} more characters)"
 
 
 class RequestError(Exception):
@@ -86,7 +111,7 @@ class Connection:
         self.attributes: dict[str, Any] = {}  # e.g. the client id learnt from a heartbeat
         self.opened_at = time.time()
         self.closed = False
-        self._out: list[bytes] = []
+        self._out: list[bytes | bytearray] = []
         self._out_bytes = 0
         self._writer_wakeup = trio.lowlevel.ParkingLot()
         self._space_available = trio.lowlevel.ParkingLot()
@@ -96,6 +121,8 @@ class Connection:
         self._handlers_nursery: trio.Nursery | None = None
         self.deferred = 0  # requests a fast path took charge of, not answered yet (see answer_deferred)
         self._deferred_lot = trio.lowlevel.ParkingLot()
+        self.last_frame_at = trio.current_time()  # trio clock: when the last frame arrived (idle close)
+        self.close_reason: str | None = None  # set when the server closes it (idle, write_stalled, ...)
 
     def __repr__(self) -> str:
         return f"<Connection #{self.id} {self.remote}>"
@@ -109,15 +136,19 @@ class Connection:
         response with a large body to a peer that is behind becomes SYSTEM_BUSY at once; anything else waits
         while the peer has more than ``max_pending_write_bytes`` unread, *before* it is encoded.
 
-        Sending on a closed connection is a no-op: the peer is gone and nobody can get the frame.
+        Small frames count against ``max_total_pending_write_bytes`` too: while the server is over it, a peer
+        that is itself behind waits. Sending on a closed connection is a no-op: the peer is gone and nobody can
+        get the frame. A response is always sent in some form (see :meth:`_encode`); a server-initiated request
+        that cannot be encoded raises.
         """
         cmd = self._flow_control(cmd)
-        server = self.server
-        while self._out_bytes > server.max_pending_write_bytes and not self.closed:
-            await self._space_available.park()
+        if self._out_bytes and self._over_budget():
+            await self._wait_for_space()
         if self.closed:
             return
-        self._queue(encode_frame(cmd, server.max_frame_bytes))
+        data = self._encode(cmd)
+        if data is not None:
+            self._queue(data)
 
     def send_nowait(self, cmd: RemotingCommand) -> None:
         """Queue ``cmd`` for writing without waiting for the peer to read (the caller bounds how much it sends
@@ -125,7 +156,66 @@ class Connection:
         SYSTEM_BUSY). A no-op on a closed connection."""
         if self.closed:
             return
-        self._queue(encode_frame(self._flow_control(cmd), self.server.max_frame_bytes))
+        data = self._encode(self._flow_control(cmd))
+        if data is not None:
+            self._queue(data)
+
+    def _encode(self, cmd: RemotingCommand) -> bytes | None:
+        """The frame of ``cmd``. A response's remark is cut to MAX_REMARK_CHARS, and a response that cannot be
+        encoded (over ``max_frame_bytes``, or holding a value msgpack cannot carry) becomes a bodiless
+        SYSTEM_ERROR saying why (RocketMQ answers SYSTEM_ERROR to any Throwable); if even that fails, the
+        connection is closed and None returned. Never raises for a response: the answer path must not stop the
+        server."""
+        server = self.server
+        if not cmd.flag & FLAG_RESPONSE:
+            return encode_frame(cmd, server.max_frame_bytes)  # our own request: the caller's error
+        remark = cmd.remark
+        if remark is not None and len(remark) > MAX_REMARK_CHARS:
+            cmd = RemotingCommand(cmd.code, cmd.opaque, cmd.flag, cmd.version, bounded_remark(remark), cmd.ext,
+                                  cmd.body)
+        try:
+            return encode_frame(cmd, server.max_frame_bytes)
+        except Exception as exc:  # FrameTooLargeError, msgpack's TypeError/OverflowError/ValueError, ...
+            error = bounded_remark(f"{type(exc).__name__}: {exc}", 200)
+            server.encode_errors += 1
+            log_rate_limited(server.warn_limiter, "connection.encode_failed", _mono_ms(), log.error,
+                             "connection.encode_failed", server=server.name, remote=self.remote, conn=self.id,
+                             response_code=code_name(cmd.code, response=True), error=error,
+                             encode_errors=server.encode_errors)
+            try:
+                return encode_frame(RemotingCommand(
+                    code=int(ResponseCode.SYSTEM_ERROR), opaque=cmd.opaque, flag=cmd.flag,
+                    remark=f"the answer could not be encoded: {error}"), server.max_frame_bytes)
+            except Exception:
+                self.abort("encode_failed")
+                return None
+
+    def _over_budget(self) -> bool:
+        """True while this connection must not queue more (docs/PROTOCOL.md §2): it has more than
+        ``max_pending_write_bytes`` unsent, or the server has more than ``max_total_pending_write_bytes``
+        unsent and this peer is itself behind (``busy_body_bytes`` or more unsent)."""
+        out = self._out_bytes
+        server = self.server
+        return out > server.max_pending_write_bytes or (
+            server.pending_write_bytes > server.max_total_pending_write_bytes and out >= server.busy_body_bytes
+            and out > 0)
+
+    async def _wait_for_space(self) -> None:
+        """Wait until :meth:`_over_budget` is False or the connection closed (this connection is paused)."""
+        server = self.server
+        while not self.closed and self._over_budget():
+            server._paused.add(self)  # woken when the server drops below its budget (RemotingServer._release)
+            await self._space_available.park()
+
+    def abort(self, reason: str) -> None:
+        """Close this connection now (from any task): queued answers are dropped, handlers cancelled, the
+        close callbacks run. ``reason`` (e.g. ``idle``, ``write_stalled``) is logged with the close."""
+        if self.close_reason is None:
+            self.close_reason = reason
+        self._mark_closed()
+        scope = self.server._read_scopes.get(self.id)
+        if scope is not None:
+            scope.cancel()
 
     def _flow_control(self, cmd: RemotingCommand) -> RemotingCommand:
         """``cmd``, or a bodiless SYSTEM_BUSY answer in its place when it is a response whose body exceeds
@@ -154,9 +244,19 @@ class Connection:
                                       "try again later")
 
     def _queue(self, data: bytes) -> None:
-        self._out.append(data)
-        self._out_bytes += len(data)
-        self.server.pending_write_bytes += len(data)
+        out = self._out
+        size = len(data)
+        if size < SMALL_FRAME_BYTES:
+            # The writer takes whole list items before it awaits, so the last item is never being written.
+            last = out[-1] if out else None
+            if type(last) is bytearray and len(last) < COALESCE_BYTES:
+                last += data
+            else:
+                out.append(bytearray(data))
+        else:
+            out.append(data)
+        self._out_bytes += size
+        self.server.pending_write_bytes += size
         self._writer_wakeup.unpark_all()
 
     def defer(self) -> None:
@@ -204,6 +304,8 @@ class Connection:
 
     # -- internals -------------------------------------------------------------------------------
     async def _writer(self) -> None:
+        server = self.server
+        stall_s = server.write_stall_timeout_s
         try:
             while True:
                 if not self._out:
@@ -215,13 +317,43 @@ class Connection:
                     size += len(out[n])
                     n += 1
                 chunks, self._out = (out, []) if n == len(out) else (out[:n], out[n:])
-                await self.stream.send_all(chunks[0] if n == 1 else b"".join(chunks))
+                data = chunks[0] if n == 1 else b"".join(chunks)
+                if stall_s > 0:
+                    # A peer that does not read fills the socket buffers, then this write stops progressing:
+                    # the connection is paused (see _over_budget) and, after write_stall_timeout_s, closed.
+                    with trio.move_on_after(stall_s) as stalled:
+                        await self.stream.send_all(data)
+                    if stalled.cancelled_caught:
+                        server.stalled_closed += 1
+                        log_rate_limited(server.warn_limiter, "connection.write_stalled", _mono_ms(), log.warning,
+                                         "connection.write_stalled", server=server.name, remote=self.remote,
+                                         conn=self.id, pending_bytes=self._out_bytes, timeout_s=stall_s,
+                                         closed_total=server.stalled_closed)
+                        self.abort("write_stalled")
+                        return
+                else:
+                    await self.stream.send_all(data)
                 if not self.closed:  # else _mark_closed already took everything off the counts
                     self._out_bytes -= size
-                    self.server.pending_write_bytes -= size
+                    server._release(size)
                 self._space_available.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._mark_closed()
+
+    async def _idle_watchdog(self, max_idle_s: float) -> None:
+        """Close the connection once no frame has arrived for ``max_idle_s`` (RocketMQ closes a channel idle for
+        ``serverChannelMaxIdleTimeSeconds``); clients heartbeat every 30 s, so only dead or silent peers go."""
+        server = self.server
+        while True:
+            deadline = self.last_frame_at + max_idle_s
+            if trio.current_time() >= deadline:
+                server.idle_closed += 1
+                log_rate_limited(server.warn_limiter, "connection.idle", _mono_ms(), log.info, "connection.idle",
+                                 server=server.name, remote=self.remote, conn=self.id, idle_s=max_idle_s,
+                                 closed_total=server.idle_closed)
+                self.abort("idle")
+                return
+            await trio.sleep_until(deadline)
 
     async def _flush(self) -> None:
         """Wait until every queued frame was written (or the connection broke)."""
@@ -233,7 +365,8 @@ class Connection:
             return
         self.closed = True
         self._out.clear()
-        self.server.pending_write_bytes -= self._out_bytes
+        self.server._paused.discard(self)
+        self.server._release(self._out_bytes)
         self._out_bytes = 0
         self._space_available.unpark_all()
         self._deferred_lot.unpark_all()
@@ -244,6 +377,10 @@ class Connection:
         """Read until EOF, a malformed frame or cancellation; returns why it stopped."""
         decoder = FrameDecoder(self.server.max_frame_bytes)
         while True:
+            if self._out_bytes and self._over_budget():
+                await self._wait_for_space()  # paused: read nothing more until the peer reads its answers
+                if self.closed:
+                    return "closed"
             try:
                 data = await self.stream.receive_some(RECEIVE_CHUNK_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -260,6 +397,9 @@ class Connection:
                                  conn=self.id, error=type(exc).__name__, detail=str(exc),
                                  protocol_errors=self.server.protocol_errors)
                 return "protocol_error"
+            if not cmds:
+                continue
+            self.last_frame_at = trio.current_time()
             server = self.server
             inline = server._inline
             fast_paths = server._fast_paths
@@ -267,9 +407,16 @@ class Connection:
                 if cmd.flag & FLAG_RESPONSE:
                     ch = self._pending.get(cmd.opaque)
                     if ch is not None:
-                        ch.send_nowait(cmd)
+                        try:
+                            ch.send_nowait(cmd)
+                        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                            pass  # a second answer to the same request: the first one counts
                     continue
                 code = cmd.code
+                out_of_range = check_field_ranges(code, cmd.ext, cmd.body)
+                if out_of_range is not None:
+                    await self._refuse_out_of_range(cmd, out_of_range)
+                    continue
                 if code in inline:
                     await self._dispatch(cmd)
                     continue
@@ -278,6 +425,21 @@ class Connection:
                     continue
                 await self._inflight.acquire()
                 handlers.start_soon(self._handle, cmd)
+
+    async def _refuse_out_of_range(self, cmd: RemotingCommand, remark: str) -> None:
+        """A request with a number outside its Java type's range (protocol/fields.py) never reaches its handler:
+        SYSTEM_ERROR naming the field, value and range; a oneway one is dropped, counted and logged."""
+        server = self.server
+        oneway = bool(cmd.flag & FLAG_ONEWAY)
+        server.field_range_errors[oneway] += 1
+        log_rate_limited(server.warn_limiter, "request.field_out_of_range", _mono_ms(), log.warning,
+                         "request.field_out_of_range", server=server.name, remote=self.remote, conn=self.id,
+                         code=code_name(cmd.code, response=False), oneway=oneway, error=remark,
+                         refused_total=sum(server.field_range_errors.values()))
+        if server.observe is not None:
+            server.observe(cmd.code, int(ResponseCode.SYSTEM_ERROR), 0.0)
+        if not oneway:
+            await self.send(RemotingCommand.response_to(cmd, ResponseCode.SYSTEM_ERROR, remark))
 
     async def _try_fast(self, cmd: RemotingCommand, fast: FastPath) -> bool:
         """Run a handler's synchronous fast path in the reading task; True when it answered the request."""
@@ -328,10 +490,15 @@ class Connection:
             except trio.Cancelled:
                 raise
             except Exception as exc:
-                log.exception("request.failed", code=code_name(cmd.code, response=False), remote=self.remote)
-                resp = RemotingCommand.response_to(
-                    cmd, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}"
-                )
+                # The message may echo a field of any size: cut it for the log line and the answer alike.
+                error = bounded_remark(f"{type(exc).__name__}: {exc}")
+                server.handler_errors += 1
+                log_rate_limited(server.warn_limiter, ("request.failed", cmd.code), _mono_ms(), log.error,
+                                 "request.failed", server=server.name, code=code_name(cmd.code, response=False),
+                                 remote=self.remote, error=error,
+                                 traceback=bounded_remark("".join(traceback.format_tb(exc.__traceback__)), 4000),
+                                 handler_errors=server.handler_errors)
+                resp = RemotingCommand.response_to(cmd, ResponseCode.SYSTEM_ERROR, error)
         if server.observe is not None:
             server.observe(cmd.code, resp.code if resp is not None else 0, time.perf_counter() - started)
         if resp is not None and not cmd.flag & FLAG_ONEWAY:
@@ -362,7 +529,11 @@ class RemotingServer:
         busy_body_bytes: int = 16 * 1024,
         shutdown_grace_s: float = 5.0,
         authorizer: Authorizer | None = None,
+        max_idle_s: float = 0.0,
+        write_stall_timeout_s: float = 0.0,
     ) -> None:
+        """``max_idle_s``: close a connection on which no frame arrived for this long; ``write_stall_timeout_s``:
+        close one whose answers make no progress this long (the peer does not read). 0 turns either off."""
         self.name = name
         self.authorizer = authorizer
         self.max_frame_bytes = max_frame_bytes
@@ -373,6 +544,14 @@ class RemotingServer:
         self.busy_body_bytes = busy_body_bytes
         self.pending_write_bytes = 0  # unsent bytes of every connection
         self.flow_control_rejections = 0  # responses replaced by SYSTEM_BUSY (Connection._flow_control)
+        self.max_idle_s = max_idle_s
+        self.write_stall_timeout_s = write_stall_timeout_s
+        self.idle_closed = 0  # connections closed for max_idle_s without a frame
+        self.stalled_closed = 0  # connections closed for write_stall_timeout_s without write progress
+        self.encode_errors = 0  # answers that could not be encoded (replaced by SYSTEM_ERROR)
+        self.handler_errors = 0  # handlers that raised something other than RequestError
+        self.field_range_errors = {False: 0, True: 0}  # requests refused by protocol.fields, by oneway
+        self._paused: set[Connection] = set()  # connections waiting for the server to drop below its budget
         self.shutdown_grace_s = shutdown_grace_s
         self.handlers: dict[int, Handler] = {}
         self._inline: set[int] = set()  # codes whose handlers run in the reading task
@@ -388,6 +567,14 @@ class RemotingServer:
         self._ids = itertools.count(1)
         self._shutdown = trio.Event()
         self._read_scopes: dict[int, trio.CancelScope] = {}
+
+    def _release(self, n: int) -> None:
+        """``n`` unsent bytes were written or dropped; wake paused connections once under the budget."""
+        self.pending_write_bytes -= n
+        if self._paused and self.pending_write_bytes <= self.max_total_pending_write_bytes:
+            paused, self._paused = self._paused, set()
+            for conn in paused:
+                conn._space_available.unpark_all()
 
     def _authorize(self, cmd: RemotingCommand, conn: Connection) -> str | None:
         """Run the authorizer; a failing one refuses the request (fail closed) rather than crash it."""
@@ -517,6 +704,8 @@ class RemotingServer:
                 cb(conn)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(conn._writer)
+                if self.max_idle_s > 0:
+                    nursery.start_soon(conn._idle_watchdog, self.max_idle_s)
                 async with trio.open_nursery() as handlers:
                     with trio.CancelScope() as read_scope:
                         self._read_scopes[conn.id] = read_scope
@@ -524,7 +713,11 @@ class RemotingServer:
                             read_scope.cancel()
                         reason = await conn._read_loop(handlers)
                     self._read_scopes.pop(conn.id, None)
-                    if read_scope.cancelled_caught:
+                    if conn.close_reason is not None:  # closed by the server (Connection.abort)
+                        reason = conn.close_reason
+                        self._fire_closed(conn)
+                        handlers.cancel_scope.cancel()
+                    elif read_scope.cancelled_caught:
                         reason = "shutdown"  # let in-flight requests finish; the drain bound cuts them off
                         await conn._wait_deferred()
                     else:

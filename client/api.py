@@ -656,10 +656,13 @@ class MQClientAPI:
         max_reconsume_times: int | None = None,
         skipped_by: str | None = None,
         timeout_ms: int | None = 5000,
+        reconsume_times: int | None = None,
     ) -> None:
         """CONSUMER_SEND_MSG_BACK: store a consumed message again in the group's retry (or DLQ) topic.
 
         ``skipped_by`` (trimq) marks a dead letter an operator skipped, rather than one that ran out of retries.
+        ``reconsume_times`` (trimq) asks for the copy the client's own send-back would produce: exactly this
+        count, and the unique key as ORIGIN_MESSAGE_ID (an orderly dead letter, RocketMQ's rule).
         """
         ext: dict[str, Any] = {
             "group": group,
@@ -671,6 +674,8 @@ class MQClientAPI:
         }
         if skipped_by:
             ext["skippedBy"] = skipped_by
+        if reconsume_times is not None:
+            ext["reconsumeTimes"] = reconsume_times
         await self.invoke(addr, RequestCode.CONSUMER_SEND_MSG_BACK, ext, timeout_ms=timeout_ms)
 
     # --- membership and locks --------------------------------------------------------------------

@@ -3,6 +3,10 @@
 CONSUMER_SEND_MSG_BACK follows RocketMQ 4.9.3's ``asyncConsumerSendMsgBack`` step by step
 (ROCKETMQ_FACTS.md §6), with one deliberate difference (DESIGN.md §6.6): a copy bound for ``%DLQ%<group>``
 never carries a ``DELAY`` property, so the last failure is a dead letter at once, not after one more delay.
+One trimq extension: an optional ``reconsumeTimes`` header asks for the copy a client's own sendMessageBack
+would produce (RocketMQ's orderly dead letter: that count, ORIGIN_MESSAGE_ID = the unique key), so an orderly
+consumer's dead letter is the same whether this request or its producer fallback stored it
+(:func:`build_send_back_properties`).
 
 Unknown groups: like RocketMQ 4.9.3, the group's config is looked up with auto-creation, so with
 ``auto_create_subscription_group`` on (the default, as in RocketMQ) an unknown group gets the default config
@@ -10,8 +14,9 @@ Unknown groups: like RocketMQ 4.9.3, the group's config is looked up with auto-c
 
 The admin requests are trimq's: QUERY_DLQ_MESSAGES lists a group's dead letters, RESEND_DLQ_MESSAGES puts one
 (or all not yet resent) back into the original topic. Which queue a resent message goes to, in order:
-the queue of the original message (found through ORIGIN_MESSAGE_ID, which is the store's offset message id
-of the first delivery), else REAL_QID when REAL_TOPIC is the original topic, else queue 0 — always modulo
+the queue of the original message (found through ORIGIN_MESSAGE_ID when it is the offset message id of a
+message of that topic, as the broker's rule sets it; a unique key, set by the client's rule, names no
+offset), else REAL_QID when REAL_TOPIC is the original topic, else queue 0 — always modulo
 the topic's current write queue count. The original queue keeps a key's messages together for orderly
 consumers; the fallbacks are deterministic so a retried resend lands where the first one did. Resent
 messages start with reconsume times 0 (a fresh set of retries) and carry ``TRIMQ_DLQ_MSG_ID``. What was
@@ -142,27 +147,41 @@ class SendBackTarget:
 
 
 def build_send_back_properties(msg: MessageExt, group: str, *, delay_level: int, max_reconsume_times: int,
-                               retry_queue_id: int, skipped_by: str | None = None) -> SendBackTarget:
+                               retry_queue_id: int, skipped_by: str | None = None,
+                               reconsume_times: int | None = None) -> SendBackTarget:
     """RocketMQ's rule for the copy CONSUMER_SEND_MSG_BACK stores (after the lookups), as a pure function.
 
-    RETRY_TOPIC is set to the message's topic when absent; ORIGIN_MESSAGE_ID keeps an existing non-blank
-    value, else becomes the message's id. ``reconsume_times >= max_reconsume_times`` or a negative
-    ``delay_level`` sends the copy to ``%DLQ%<group>`` queue 0 with no DELAY property (at once); otherwise
+    ``msg`` is the stored message. The copy keeps all its properties; RETRY_TOPIC is set to the message's topic
+    when absent; ORIGIN_MESSAGE_ID keeps an existing non-blank value, else becomes the message's offset id
+    (RocketMQ's broker: ``msgExt.getMsgId()`` of a message it decoded). The copy's reconsume times is the
+    message's + 1. A message whose reconsume times has reached ``max_reconsume_times``, or a negative
+    ``delay_level``, sends the copy to ``%DLQ%<group>`` queue 0 with no DELAY property (at once); otherwise
     it goes to ``%RETRY%<group>`` queue ``retry_queue_id`` with DELAY = ``delay_level``, or 3 + reconsume
-    times when ``delay_level`` is 0. The copy's reconsume times is the message's + 1.
+    times when ``delay_level`` is 0.
+
+    ``reconsume_times`` (the request's trimq ``reconsumeTimes``) asks for the copy the *client's* own
+    sendMessageBack would produce instead (RocketMQ 4.9.3's ConsumeMessageOrderlyService at the maximum, which
+    produces to ``%RETRY%<group>`` with RECONSUME_TIME = the client's count, stored as is by handleRetryAndDLQ):
+    the copy carries exactly that count and is judged by it, and a missing ORIGIN_MESSAGE_ID becomes the
+    message's unique key (UNIQ_KEY, the client's ``msg.getMsgId()``; the offset id when it has none). So an
+    orderly dead letter is the same whichever path stored it (client.consume.common.SendBack).
     """
     props = dict(msg.properties)
     props.setdefault(MessageConst.RETRY_TOPIC, msg.topic)
     if not (props.get(MessageConst.ORIGIN_MESSAGE_ID) or "").strip():
-        props[MessageConst.ORIGIN_MESSAGE_ID] = msg.msg_id
+        props[MessageConst.ORIGIN_MESSAGE_ID] = msg.msg_id if reconsume_times is None else msg.unique_id
     props.pop(SCHEDULE_OFFSET_PROPERTY, None)  # belongs to the copy it was found on, not to this one
-    times = min(msg.reconsume_times + 1, _MAX_INT32)  # the record field is an int32
-    if msg.reconsume_times >= max_reconsume_times or delay_level < 0:
+    if reconsume_times is None:
+        judged = msg.reconsume_times
+        times = min(msg.reconsume_times + 1, _MAX_INT32)  # the record field is an int32
+    else:
+        judged = times = reconsume_times
+    if judged >= max_reconsume_times or delay_level < 0:
         props.pop(MessageConst.DELAY_TIME_LEVEL, None)
         if skipped_by:  # trimq: an operator's skip, not an exhausted retry (docs/ADMIN.md)
             props[MessageConst.SKIPPED_BY] = skipped_by
         return SendBackTarget(dlq_topic(group), 0, props, times, True, 0)
-    level = 3 + msg.reconsume_times if delay_level == 0 else delay_level
+    level = 3 + judged if delay_level == 0 else delay_level
     props[MessageConst.DELAY_TIME_LEVEL] = str(level)
     return SendBackTarget(retry_topic(group), retry_queue_id, props, times, False, level)
 
@@ -320,6 +339,10 @@ class RetryService:
         commit_log_offset = _field(ext, "offset", int, required=True)
         delay_level = _field(ext, "delayLevel", int, default=0)
         header_max = _field(ext, "maxReconsumeTimes", int)
+        client_times = _field(ext, "reconsumeTimes", int)  # trimq: the client's count (build_send_back_properties)
+        if client_times is not None and not 0 <= client_times <= _MAX_INT32:
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"header field 'reconsumeTimes' must be in [0, {_MAX_INT32}], got {client_times}")
         _field(ext, "originMsgId", str)
         origin_topic = _field(ext, "originTopic", str)
         skipped_by = _field(ext, "skippedBy", str)
@@ -360,7 +383,8 @@ class RetryService:
         # 6. RETRY_TOPIC, the maximum, the target, ORIGIN_MESSAGE_ID
         max_times = cfg.retry_max_times if header_max is None else header_max
         target = build_send_back_properties(msg, group, delay_level=delay_level, max_reconsume_times=max_times,
-                                            retry_queue_id=queue_id, skipped_by=skipped_by)
+                                            retry_queue_id=queue_id, skipped_by=skipped_by,
+                                            reconsume_times=client_times)
         if target.dead_letter:
             self.topics.ensure_topic(target.topic, DLQ_NUMS_PER_GROUP, PERM_READ_WRITE)
         if self.groups.dirty:
@@ -377,7 +401,7 @@ class RetryService:
             self.dead_letters += 1
             log.info("retry.dead_letter", group=group, source="send_back", msg_id=msg.msg_id,
                      origin_msg_id=target.properties.get(MessageConst.ORIGIN_MESSAGE_ID),
-                     reconsume_times=msg.reconsume_times, max=max_times, delay_level=delay_level)
+                     reconsume_times=target.reconsume_times, max=max_times, delay_level=delay_level)
         else:
             self.sent_back += 1
             log.debug("retry.sent_back", group=group, msg_id=msg.msg_id, level=target.delay_level,

@@ -403,6 +403,13 @@ class SendBackClient(Protocol):
     ) -> TopicPublishInfo | None: ...
 
 
+#: Properties about one delivery rather than the message: what the pull decoder and the consume services add on
+#: receipt, and the broker's mark on a copy delivered from SCHEDULE_TOPIC_XXXX (SCHEDULE_OFFSET_PROPERTY of
+#: broker/store/schedule.py). Neither send-back path copies them.
+_RECEIPT_PROPERTIES = (MessageConst.MIN_OFFSET, MessageConst.MAX_OFFSET, MessageConst.CONSUME_START_TIME,
+                       "TRIMQ_SCHEDULE_OFFSET")
+
+
 def wire_int(value: int) -> int:
     """A count as a Java int on the wire (the orderly "unbounded" maximum is sys.maxsize here)."""
     return min(value, JAVA_INT_MAX)
@@ -415,6 +422,12 @@ class SendBack:
     :meth:`produce_to_retry` is RocketMQ's fallback when that fails: the client itself produces a copy to
     ``%RETRY%<group>`` with RETRY_TOPIC, ORIGIN_MESSAGE_ID, RECONSUME_TIME and MAX_RECONSUME_TIMES, which the
     broker dead-letters at once when RECONSUME_TIME has reached MAX_RECONSUME_TIMES.
+
+    ORIGIN_MESSAGE_ID, when the message has none yet: the broker's rule (CONSUMER_SEND_MSG_BACK) uses the stored
+    message's offset id, the client's rule (the fallback, and CONSUMER_SEND_MSG_BACK with ``reconsume_times``)
+    its unique key, ``msg.getMsgId()`` of RocketMQ's client. RocketMQ 4.9.3's fallbacks set that value and then
+    lose it (``setProperties`` replaces the map after ``setOriginMessageId``; fixed for the orderly service in
+    4.9.4, RocketMQ #4050); trimq keeps it.
     """
 
     def __init__(self, client: SendBackClient, consumer_group: str, *,
@@ -433,8 +446,11 @@ class SendBack:
         return format_address(*msg.store_host)
 
     async def consumer_send_back(self, msg: MessageExt, delay_level: int, broker_name: str | None,
-                                 max_reconsume_times: int, skipped_by: str | None = None) -> None:
-        """CONSUMER_SEND_MSG_BACK; raises RemotingError / MQBrokerError / MQClientError."""
+                                 max_reconsume_times: int, skipped_by: str | None = None,
+                                 reconsume_times: int | None = None) -> None:
+        """CONSUMER_SEND_MSG_BACK; raises RemotingError / MQBrokerError / MQClientError.
+
+        With ``reconsume_times`` the broker stores the copy :meth:`produce_to_retry` would (the client's rule)."""
         addr = await self._broker_addr(msg, broker_name)
         await self.client.api.consumer_send_msg_back(
             addr,
@@ -446,16 +462,23 @@ class SendBack:
             max_reconsume_times=wire_int(max_reconsume_times),
             skipped_by=skipped_by,
             timeout_ms=self.timeout_ms,
+            reconsume_times=reconsume_times,
         )
 
     async def produce_to_retry(self, msg: MessageExt, *, reconsume_times: int, max_reconsume_times: int,
                                delay_level: int, extra_properties: dict[str, str] | None = None) -> None:
         """Produce a copy of ``msg`` to ``%RETRY%<group>`` (RocketMQ's inner-producer fallback); raises
-        NoRouteError or the last send error."""
+        NoRouteError or the last send error.
+
+        The copy carries the message's properties as the broker's copy does: what describes this delivery
+        (MIN_OFFSET / MAX_OFFSET of the pull, CONSUME_START_TIME, TRIMQ_SCHEDULE_OFFSET) is left out, where
+        RocketMQ's client copies it too."""
         topic = retry_topic(self.consumer_group)
         props = dict(msg.properties)
+        for name in _RECEIPT_PROPERTIES:
+            props.pop(name, None)
         origin = (props.get(MessageConst.ORIGIN_MESSAGE_ID) or "").strip()
-        props[MessageConst.ORIGIN_MESSAGE_ID] = origin or msg.msg_id
+        props[MessageConst.ORIGIN_MESSAGE_ID] = origin or msg.unique_id  # RocketMQ's client msg.getMsgId()
         props[MessageConst.RETRY_TOPIC] = msg.topic
         props.pop(MessageConst.TRANSACTION_PREPARED, None)
         props.pop(MessageConst.RECONSUME_TIME, None)  # they travel in the request header
@@ -498,12 +521,16 @@ class SendBack:
 
     async def send(self, msg: MessageExt, *, delay_level: int, broker_name: str | None,
                    max_reconsume_times: int, fallback_reconsume_times: int, fallback_delay_level: int,
-                   stats: ConsumeStats | None = None, skipped_by: str | None = None) -> bool:
+                   stats: ConsumeStats | None = None, skipped_by: str | None = None,
+                   reconsume_times: int | None = None) -> bool:
         """CONSUMER_SEND_MSG_BACK, else :meth:`produce_to_retry`; False (logged) when both fail.
 
-        ``skipped_by`` marks an operator's skip on the dead letter (the TRIMQ_SKIPPED_BY property)."""
+        ``skipped_by`` marks an operator's skip on the dead letter (the TRIMQ_SKIPPED_BY property).
+        ``reconsume_times`` asks the broker for the client's rule (:meth:`consumer_send_back`); pass the same
+        count as ``fallback_reconsume_times`` so both paths store the same copy."""
         try:
-            await self.consumer_send_back(msg, delay_level, broker_name, max_reconsume_times, skipped_by)
+            await self.consumer_send_back(msg, delay_level, broker_name, max_reconsume_times, skipped_by,
+                                          reconsume_times)
             if stats is not None:
                 stats.inc_send_back("broker")
             return True

@@ -32,6 +32,10 @@ Differences from RocketMQ, each deliberate:
   delay level -1, which the broker stores in ``%DLQ%<group>`` immediately; RocketMQ produces to
   ``%RETRY%<group>`` with delay level 3 + reconsume times and lets the broker reroute it. That produce is kept as
   the fallback when the RPC fails (the broker dead-letters it since RECONSUME_TIME >= MAX_RECONSUME_TIMES).
+  Both paths store RocketMQ's copy: reconsume times = the client's count (``max_reconsume_times`` when it was
+  reached: with 2, three deliveries and a dead letter carrying 2), the message's properties, and
+  ORIGIN_MESSAGE_ID = its unique key (the RPC carries the count as ``reconsumeTimes``, which asks the broker for
+  that rule; RocketMQ 4.9.3 itself loses ORIGIN_MESSAGE_ID here, fixed in 4.9.4 by #4050).
 * In a batch mixing dead-lettered and retried messages, only the retried ones are consumed again (RocketMQ
   re-queues the whole batch, so the dead-lettered ones are dead-lettered again on the next failure).
 * **Visible blocking** (DESIGN.md §6.5): a queue retrying one message is recorded in :attr:`blocked`
@@ -355,11 +359,13 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
 
     async def send_to_dlq(self, msg: MessageExt, mq: MessageQueue) -> bool:
         """Dead-letter ``msg`` at once: CONSUMER_SEND_MSG_BACK with delay level -1, else produce it to
-        ``%RETRY%<group>`` with RECONSUME_TIME >= MAX_RECONSUME_TIMES (the broker reroutes it to the DLQ)."""
+        ``%RETRY%<group>`` with RECONSUME_TIME >= MAX_RECONSUME_TIMES (the broker reroutes it to the DLQ).
+        Either way the copy carries ``msg.reconsume_times`` (RocketMQ's checkReconsumeTimes / sendMessageBack)."""
         if self.send_back is None:
             return False
         ok = await self.send_back.send(
             msg, delay_level=-1, broker_name=mq.broker_name, max_reconsume_times=self.max_reconsume_times,
+            reconsume_times=msg.reconsume_times,
             fallback_reconsume_times=msg.reconsume_times, fallback_delay_level=3 + msg.reconsume_times,
             stats=self.stats,
         )
@@ -451,6 +457,7 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
         reset_retry_and_namespace([msg], self.consumer_group)
         ok = await self.send_back.send(
             msg, delay_level=-1, broker_name=mq.broker_name, max_reconsume_times=0,
+            reconsume_times=msg.reconsume_times,  # as a dead letter at the maximum: the same copy on both paths
             fallback_reconsume_times=msg.reconsume_times, fallback_delay_level=0, stats=self.stats,
             skipped_by=skipped_by,
         )

@@ -247,6 +247,8 @@ async def test_at_max_dead_letters_at_once_and_commits() -> None:
     [sb] = api.send_backs
     assert sb["delay_level"] == -1 and sb["max_reconsume_times"] == 2 and sb["commit_log_offset"] == 1000
     assert sb["origin_topic"] == T and sb["origin_msg_id"] == "ID0000" and sb["group"] == G
+    # RocketMQ's count: the copy carries max_reconsume_times (the broker would otherwise store its record's 0 + 1)
+    assert sb["reconsume_times"] == 2
     assert msgs[0].properties[MessageConst.RECONSUME_TIME] == "2"
     assert svc.stats.dead_lettered == 1 and api.sends == []
 
@@ -257,7 +259,8 @@ async def test_dead_letter_falls_back_to_producing_to_retry_topic() -> None:
     api.send_back_error = RemotingTimeoutError("slow broker")
     pq = locked_pq(svc, 3)
     pq.messages()[0].reconsume_times = 1
-    pq.messages()[0].properties[MessageConst.KEYS] = "k"
+    pq.messages()[0].properties.update({MessageConst.KEYS: "k", "UNIQ_KEY": "U3", "app": "v",
+                                        MessageConst.MIN_OFFSET: "0", MessageConst.MAX_OFFSET: "9"})
     cont, _ = await run_result(svc, pq, 1, S.SUSPEND_CURRENT_QUEUE_A_MOMENT, ConsumeOrderlyContext(MQ))
     assert cont is True and offsets.updates == [(MQ, 4, False)]
     [send] = api.sends
@@ -265,8 +268,10 @@ async def test_dead_letter_falls_back_to_producing_to_retry_topic() -> None:
     # RECONSUME_TIME >= MAX_RECONSUME_TIMES: the broker reroutes it to the DLQ
     assert send["reconsume_times"] == 1 and send["max_reconsume_times"] == 1
     props = dict(p.split("\x01") for p in send["properties"].split("\x02") if p)
-    assert props["RETRY_TOPIC"] == T and props["ORIGIN_MESSAGE_ID"] == "ID0003" and props["KEYS"] == "k"
-    assert props["DELAY"] == "4"  # 3 + reconsume times, as RocketMQ (the broker drops it for a dead letter)
+    # the message's properties, ORIGIN_MESSAGE_ID = its unique key (RocketMQ's client msgId); not the pull's
+    # MIN_OFFSET / MAX_OFFSET (the broker's copy of the stored message has none); RECONSUME_TIME in the header
+    assert props == {"RETRY_TOPIC": T, "ORIGIN_MESSAGE_ID": "U3", "KEYS": "k", "UNIQ_KEY": "U3", "app": "v",
+                     "DELAY": "4"}  # 3 + reconsume times, as RocketMQ (the broker drops it for a dead letter)
 
 
 async def test_failed_dead_letter_keeps_suspending() -> None:
@@ -513,6 +518,7 @@ async def test_skip_message_dead_letters_and_moves_on(autojump_clock: trio.testi
     _, offsets, api = parts(svc)
     assert result["nextOffset"] == 1 and result["msgId"] == "ID0000"
     assert api.send_backs[0]["delay_level"] == -1 and api.send_backs[0]["max_reconsume_times"] == 0
+    assert api.send_backs[0]["reconsume_times"] == 1  # the client's count (one failure), as at the maximum
     assert offsets.updates == [(MQ, 1, False), (MQ, 2, False)]
     assert not svc.blocked_queues() and svc.stats.skipped == 1
 

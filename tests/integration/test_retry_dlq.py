@@ -236,6 +236,9 @@ async def test_documented_codes(tmp_path: Path) -> None:
         assert resp.code == ResponseCode.SYSTEM_ERROR and "'group'" in (resp.remark or "")
         resp = await call(rc, addr, RequestCode.CONSUMER_SEND_MSG_BACK, {"group": G, "offset": "x"})
         assert resp.code == ResponseCode.SYSTEM_ERROR and "'offset'" in (resp.remark or "")
+        for bad in (-1, 2**31):  # trimq's reconsumeTimes is the record's int32 field, and a count
+            resp = await send_back(rc, addr, msg, reconsumeTimes=bad)
+            assert resp.code == ResponseCode.SYSTEM_ERROR and "'reconsumeTimes'" in (resp.remark or "")
         resp = await call(rc, addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
                           body={"groupName": G, "retryQueueNums": -3})
         assert resp.code == ResponseCode.SYSTEM_ERROR and "retryQueueNums" in (resp.remark or "")

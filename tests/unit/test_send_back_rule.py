@@ -1,14 +1,18 @@
 """The copy CONSUMER_SEND_MSG_BACK stores (broker.processors.retry.build_send_back_properties): RocketMQ 4.9.3's
 broker rule (asyncConsumerSendMsgBack) and, with the request's ``reconsumeTimes``, the client's rule
-(ConsumeMessageOrderlyService.sendMessageBack produced to %RETRY% and rerouted by handleRetryAndDLQ)."""
+(ConsumeMessageOrderlyService.sendMessageBack produced to %RETRY% and rerouted by handleRetryAndDLQ); and the
+client's own fallback copy (client.consume.common.SendBack.produce_to_retry)."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.unit.consume_fakes import FakeClient
 from trimq.broker.processors.retry import build_send_back_properties
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY
-from trimq.protocol.message import MessageConst, MessageExt
+from trimq.client.consume.common import SendBack
+from trimq.client.remoting import RemotingTimeoutError
+from trimq.protocol.message import MessageConst, MessageExt, decode_properties
 
 OFFSET_ID = "0A00000200002A9F0000000000001000"
 UNIQ = "7F0000010B3A18B4AAC2000000000001"
@@ -60,3 +64,19 @@ def test_broker_rule_uses_the_offset_id_and_the_stored_count() -> None:
     t = build_send_back_properties(stored(0), "g", delay_level=-1, max_reconsume_times=2, retry_queue_id=0)
     assert t.properties["ORIGIN_MESSAGE_ID"] == OFFSET_ID and t.reconsume_times == 1
     assert MessageConst.DELAY_TIME_LEVEL not in t.properties
+
+
+async def test_client_fallback_of_a_concurrent_send_back_uses_the_unique_key() -> None:
+    # RocketMQ's DefaultMQPushConsumerImpl.sendMessageBack fallback: ORIGIN_MESSAGE_ID = msg.getMsgId() of the
+    # client (the unique key), RECONSUME_TIME = reconsume times + 1 in the header, delay level 3 + reconsume
+    # times. (4.9.3 then loses ORIGIN_MESSAGE_ID to setProperties; trimq keeps it.)
+    client = FakeClient()
+    client.api.send_back_error = RemotingTimeoutError("slow broker")
+    msg = stored(2, MIN_OFFSET="0", MAX_OFFSET="5", CONSUME_START_TIME="1", **{SCHEDULE_OFFSET_PROPERTY: "12"})
+    ok = await SendBack(client, "g").send(msg, delay_level=0, broker_name="broker-a", max_reconsume_times=16,
+                                          fallback_reconsume_times=3, fallback_delay_level=5)
+    assert ok and client.api.send_backs[0]["reconsume_times"] is None  # the broker's rule was asked first
+    [send] = client.api.sends
+    assert send["topic"] == "%RETRY%g" and send["reconsume_times"] == 3
+    assert decode_properties(send["properties"]) == {**STORED, "RETRY_TOPIC": "Orders", "ORIGIN_MESSAGE_ID": UNIQ,
+                                                     "DELAY": "5"}

@@ -256,7 +256,10 @@ class Connection:
         else:
             out.append(data)
         self._out_bytes += size
-        self.server.pending_write_bytes += size
+        server = self.server
+        server.pending_write_bytes += size
+        if server.pending_write_bytes > server.peak_pending_write_bytes:
+            server.peak_pending_write_bytes = server.pending_write_bytes
         self._writer_wakeup.unpark_all()
 
     def defer(self) -> None:
@@ -543,6 +546,7 @@ class RemotingServer:
         self.max_total_pending_write_bytes = max_total_pending_write_bytes
         self.busy_body_bytes = busy_body_bytes
         self.pending_write_bytes = 0  # unsent bytes of every connection
+        self.peak_pending_write_bytes = 0  # the most pending_write_bytes has been (a high-water mark)
         self.flow_control_rejections = 0  # responses replaced by SYSTEM_BUSY (Connection._flow_control)
         self.max_idle_s = max_idle_s
         self.write_stall_timeout_s = write_stall_timeout_s

@@ -56,7 +56,7 @@ FIELD_TYPES: dict[int, dict[str, str]] = {
     RC.GET_MIN_OFFSET: _QUEUE,
     RC.GET_EARLIEST_MSG_STORETIME: _QUEUE,
     RC.VIEW_MESSAGE_BY_ID: {"offset": LONG},
-    RC.CONSUMER_SEND_MSG_BACK: {"offset": LONG, "delayLevel": INT, "maxReconsumeTimes": INT},
+    RC.CONSUMER_SEND_MSG_BACK: {"offset": LONG, "delayLevel": INT, "maxReconsumeTimes": INT, "reconsumeTimes": INT},
     RC.END_TRANSACTION: {"tranStateTableOffset": LONG, "commitLogOffset": LONG, "commitOrRollback": INT},
     RC.CHECK_TRANSACTION_STATE: {"tranStateTableOffset": LONG, "commitLogOffset": LONG},
     RC.REGISTER_BROKER: {**_BROKER, "bodyCrc32": INT},

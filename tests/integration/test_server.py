@@ -267,3 +267,128 @@ def test_cli_broker_survives_a_burst_of_malformed_frames_from_many_connections(t
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+
+
+# ------------------------------------------------------------------------------------------- hostile peers (issue 20)
+
+HUGE = 1010
+UNENCODABLE = 1011
+ASK_BACK = 1012
+
+
+async def huge_error(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    raise RuntimeError("x" * (8 * 1024 * 1024))  # an exception message echoing a multi-MB field
+
+
+async def unencodable(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    if cmd.ext.get("what") == "int":
+        return RemotingCommand.response_to(cmd, ext={"offset": 2**70})  # msgpack carries at most 64 bits
+    return RemotingCommand.response_to(cmd, body=b"x" * (conn.server.max_frame_bytes + 1))
+
+
+async def ask_back(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    resp = await conn.request(RemotingCommand.request(RequestCode.GET_CONSUMER_RUNNING_INFO), 5)
+    return RemotingCommand.response_to(cmd, body=resp.body)
+
+
+async def start_hostile_server(nursery: trio.Nursery, **kw: object) -> RemotingServer:
+    server = await start_server(nursery, **kw)
+    for code, h in ((HUGE, huge_error), (UNENCODABLE, unencodable), (ASK_BACK, ask_back)):
+        server.register(code, h)
+    return server
+
+
+async def test_answers_are_bounded_and_an_unencodable_answer_becomes_system_error() -> None:
+    """A handler failing with a multi-MB message, an answer over max_frame_bytes and one holding a 2^70 int:
+    each gets a small SYSTEM_ERROR and the server keeps serving (before: FrameTooLargeError escaped the
+    answer path and stopped the server)."""
+    async with trio.open_nursery() as nursery:
+        server = await start_hostile_server(nursery)
+        async with RemotingClient() as rc:
+            r = await rc.invoke(server.address, RemotingCommand.request(HUGE))
+            assert r.code == ResponseCode.SYSTEM_ERROR
+            assert r.remark is not None and r.remark.startswith("RuntimeError: xxx") and len(r.remark) < 600
+            assert "more characters" in r.remark
+            for what in ("body", "int"):
+                r = await rc.invoke(server.address, RemotingCommand.request(UNENCODABLE, {"what": what}))
+                assert r.code == ResponseCode.SYSTEM_ERROR, r
+                assert r.remark is not None and r.remark.startswith("the answer could not be encoded: ")
+                assert len(r.remark) < 600
+            assert server.encode_errors == 2 and server.handler_errors == 1
+            assert (await rc.invoke(server.address, RemotingCommand.request(ECHO, body=b"ok"))).body == b"ok"
+        server.shutdown()
+
+
+async def test_an_answer_that_cannot_be_encoded_at_all_closes_only_its_connection() -> None:
+    """With a frame limit too small even for the SYSTEM_ERROR that replaces the answer, that one connection is
+    closed; the server and its other connections go on."""
+    async with trio.open_nursery() as nursery:
+        server = await start_hostile_server(nursery, max_frame_bytes=100)
+        addr = server.addresses[0]
+        async with RemotingClient() as rc:
+            assert (await rc.invoke(server.address, RemotingCommand.request(ECHO, body=b"a"))).body == b"a"
+            s = await trio.open_tcp_stream(*addr)
+            await s.send_all(encode_frame(RemotingCommand(code=HUGE, opaque=1)))
+            with trio.fail_after(5):
+                assert await s.receive_some(1024) == b""  # closed, nothing sent
+            await s.aclose()
+            assert (await rc.invoke(server.address, RemotingCommand.request(ECHO, body=b"b"))).body == b"b"
+        server.shutdown()
+
+
+async def test_two_answers_to_one_server_request_do_not_stop_the_server() -> None:
+    """A peer answering a server-initiated request twice in one packet (the second used to raise WouldBlock
+    out of the reading task, stopping the server)."""
+    async with trio.open_nursery() as nursery:
+        server = await start_hostile_server(nursery)
+        stream = await trio.open_tcp_stream(*server.addresses[0])
+        await stream.send_all(encode_frame(RemotingCommand(code=ASK_BACK, opaque=7)))
+        dec = FrameDecoder()
+        with trio.fail_after(5):
+            got: list[RemotingCommand] = []
+            while not got:
+                got = dec.feed(await stream.receive_some(65536))
+            asked = got[0]
+            assert asked.code == RequestCode.GET_CONSUMER_RUNNING_INFO
+            answer = encode_frame(RemotingCommand.response_to(asked, body="first"))
+            await stream.send_all(answer + encode_frame(RemotingCommand.response_to(asked, body="second")))
+            got = []
+            while not got:
+                got = dec.feed(await stream.receive_some(65536))
+        assert got[0].opaque == 7 and got[0].body == "first"
+        await stream.aclose()
+        async with RemotingClient() as rc:
+            assert (await rc.invoke(server.address, RemotingCommand.request(ECHO, body=1))).body == 1
+        server.shutdown()
+
+
+async def test_out_of_range_fields_are_refused_before_the_handler_and_oneway_ones_dropped() -> None:
+    """protocol/fields.py's check runs once per request in the server: the handler never sees the request."""
+    seen: list[RemotingCommand] = []
+
+    async def record(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        seen.append(cmd)
+        return RemotingCommand.response_to(cmd)
+
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery)
+        server.register(RequestCode.UPDATE_CONSUMER_OFFSET, record)
+        ext = {"consumerGroup": "g", "topic": "t", "queueId": 0}
+        async with RemotingClient() as rc:
+            for bad in (2**63, 2**64 - 1, "9223372036854775808", "-9223372036854775809"):
+                r = await rc.invoke(server.address, RemotingCommand.request(
+                    RequestCode.UPDATE_CONSUMER_OFFSET, {**ext, "commitOffset": bad}))
+                assert r.code == ResponseCode.SYSTEM_ERROR
+                assert r.remark == (f"header field 'commitOffset' = {int(bad)} is outside the range of a Java long "
+                                    f"(int64): [-9223372036854775808, 9223372036854775807]")
+            r = await rc.invoke(server.address, RemotingCommand.request(
+                RequestCode.UPDATE_CONSUMER_OFFSET, {**ext, "queueId": 2**31, "commitOffset": 1}))
+            assert r.code == ResponseCode.SYSTEM_ERROR and "'queueId' = 2147483648" in (r.remark or "")
+            await rc.invoke_oneway(server.address, RemotingCommand.request(
+                RequestCode.UPDATE_CONSUMER_OFFSET, {**ext, "commitOffset": 2**63}, oneway=True))
+            r = await rc.invoke(server.address, RemotingCommand.request(
+                RequestCode.UPDATE_CONSUMER_OFFSET, {**ext, "commitOffset": 2**63 - 1}))
+            assert r.ok  # the largest long passes; the connection is still served after the dropped oneway
+        assert [c.ext["commitOffset"] for c in seen] == [2**63 - 1]
+        assert server.field_range_errors == {False: 5, True: 1}
+        server.shutdown()

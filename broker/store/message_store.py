@@ -12,6 +12,8 @@ One object per broker, registered as ``broker.components["store"]`` and run as a
   Both modes fsync the consume queues and write the checkpoint on the interval.
 * **Recovery** (``start``): scan the commit log from the checkpoint, verify magic/CRC/offsets, cut the torn
   tail, repair consume-queue tails, rebuild the units past the last valid one, then serve.
+* **Reclaim** (``broker/store/clean.py``): expired segments and the consume-queue files that follow them are
+  deleted as RocketMQ does; a nearly full disk refuses writes.
 
 Extension points for the later services: ``arrival_listeners`` (long polling), ``put_hook`` (the
 schedule service redirects DELAY messages to SCHEDULE_TOPIC_XXXX there) and ``tags_code_resolvers``
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
+import functools
 import ipaddress
 import os
 import resource
@@ -39,9 +42,10 @@ import trio
 
 from trimq.broker.store.atomic import fsync_dir, read_json, write_json_atomic
 from trimq.broker.store.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
-from trimq.broker.store.commitlog import CommitLog, RecordEncoder, ScanRecord, StoreError, host_sys_flag
+from trimq.broker.store.clean import CleanService, disk_partition_space_used_ratio
+from trimq.broker.store.commitlog import CommitLog, RecordEncoder, ScanRecord, StoreError, file_name, host_sys_flag
 from trimq.broker.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue, tags_string_to_tags_code
-from trimq.broker.store.recovery import RecoveryReport, check_queue_tail, scan_commit_log
+from trimq.broker.store.recovery import RecoveryReport, check_queue_tail, first_store_timestamp, scan_commit_log
 from trimq.protocol.errors import RecordError
 from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message import MAX_PROPERTIES_BYTES, MessageConst, MessageExt, decode_properties, encode_properties
@@ -64,6 +68,9 @@ __all__ = [
 _I16 = struct.Struct(">h")
 _I64 = struct.Struct(">q")
 _MAX_FILTER_UNITS = 16000 // CQ_STORE_UNIT_SIZE  # RocketMQ scans at least 16000 bytes of units per pull
+# Start of the send remark while the disk is full (RocketMQ: "service not available now. It may be caused by
+# one of the following reasons: the broker's disk is full [...]").
+_DISK_FULL = "service not available now: the broker's disk is full"
 
 
 class PutMessageStatus(enum.Enum):
@@ -164,6 +171,17 @@ class StoreConfig:
     max_message_size: int = 4 * 1024 * 1024
     max_transfer_count: int = 32
     max_transfer_bytes: int = 256 * 1024
+    # -- reclaim (RocketMQ's MessageStoreConfig names and defaults; broker/store/clean.py)
+    file_reserved_time: int = 72  # hours a segment is kept after its last write
+    delete_when: str = "04"  # hour(s) of the day expired segments are deleted, ";"-separated
+    disk_max_used_space_ratio: int = 75  # percent: above it, expired segments are deleted at any hour
+    disk_space_clean_forcibly_ratio: int = 85  # percent: above it, segments are deleted whatever their age
+    disk_space_warning_level_ratio: int = 90  # percent: above it, writes are refused
+    clean_file_forcibly_enable: bool = True
+    clean_resource_interval_ms: int = 10_000
+    delete_commit_log_files_interval_ms: int = 100
+    delete_consume_queue_files_interval_ms: int = 100
+    destroy_mapedfile_interval_forcibly_ms: int = 120_000
 
     @property
     def sync_flush(self) -> bool:
@@ -198,8 +216,25 @@ class MessageStore:
 
     name = "store"
 
-    def __init__(self, config: StoreConfig, *, store_host: Callable[[], tuple[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        store_host: Callable[[], tuple[str, int]] | None = None,
+        now_ms: Callable[[], int] | None = None,
+        disk_usage: Callable[[str], float] | None = None,
+    ) -> None:
         self.config = config
+        #: Wall clock in ms for file ages and ``delete_when`` (tests inject one that follows a MockClock).
+        self.now_ms: Callable[[], int] = now_ms or (lambda: time.time_ns() // 1_000_000)
+        #: Used ratio (0.0-1.0, -1 unknown) of the disk holding a path (tests inject a fake).
+        self.disk_usage: Callable[[str], float] = disk_usage or disk_partition_space_used_ratio
+        self.disk_full = False  # RocketMQ's RunningFlags DISK_FULL bit: writes are refused while set
+        self.disk_used_ratio: dict[str, float] = {}  # "commitlog" / "consumequeue" -> last measured ratio
+        self.deleted_files: dict[str, int] = {"commitlog": 0, "consumequeue": 0}
+        self.cleaner = CleanService(self)
+        self._retired: list[tuple[float, Callable[[], None]]] = []  # (close-by time on trio's clock, close)
+        self._io_threads = 0  # worker threads fsyncing store files right now
         self.root = Path(config.store_dir)
         self.commitlog = CommitLog(self.root / "commitlog", config.segment_size)
         self.queues: dict[str, dict[int, ConsumeQueue]] = {}
@@ -244,6 +279,7 @@ class MessageStore:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._flush_loop)
             nursery.start_soon(self._alloc_loop)
+            nursery.start_soon(self.cleaner.run)
             if self.config.sync_flush:
                 nursery.start_soon(self._group_commit_loop)
             task_status.started()
@@ -292,6 +328,12 @@ class MessageStore:
         starts = cl.list_files()
         first = starts[0] if starts else 0
         files_end = starts[-1] + seg if starts else 0
+        if cp is not None and cp.rocketmq:
+            # RocketMQ's own checkpoint (it has opened this store): no offsets, so start where RocketMQ's
+            # recovery would, and rebuild units from there (a queue with a gap is still rebuilt from the start).
+            rep.checkpoint = "rocketmq"
+            rep.scan_from = self._rocketmq_scan_start(starts, cp, rep.abnormal)
+            cp.physic_offset = cp.logics_offset = rep.scan_from
         if cp is not None and first <= cp.physic_offset <= files_end:
             rep.scan_from = cp.physic_offset
         else:
@@ -331,13 +373,17 @@ class MessageStore:
         start = max(min(start, end), first)
         rep.dispatch_from = start
         gaps: set[tuple[str, int]] = set()
-        rep.units_rebuilt = self._dispatch_range(start, gaps, only=None)
+        # From the log's first record, a queue offset missing before a record belongs to a deleted segment.
+        rep.units_rebuilt = self._dispatch_range(start, gaps, only=None, fill=start == first > 0)
         if gaps:
             log.warning("recovery.queue_gaps", queues=sorted(f"{t}/{q}" for t, q in gaps), rescan_from=first)
             again: set[tuple[str, int]] = set()
-            rep.units_rebuilt += self._dispatch_range(first, again, only=gaps)
+            rep.units_rebuilt += self._dispatch_range(first, again, only=gaps, fill=first > 0)
             if again:
                 log.error("recovery.queue_gaps_unrepaired", queues=sorted(f"{t}/{q}" for t, q in again))
+        for qs in self.queues.values():  # RocketMQ's recoverTopicQueueTable: min offsets follow the log
+            for cq in qs.values():
+                cq.correct_min_offset(cl.min_offset)
         cl.flush(end)
         cl.flushed_offset = end
         self._flush_queues_sync()
@@ -405,8 +451,28 @@ class MessageStore:
         unit = cq.get_unit(cq.max_offset - 1)
         return unit[0] + unit[1] if unit else first
 
-    def _dispatch_range(self, start: int, gaps: set[tuple[str, int]], only: set[tuple[str, int]] | None) -> int:
-        """Append the missing units of records in ``[start, end)``; records whose unit exists are skipped."""
+    def _rocketmq_scan_start(self, starts: list[int], cp: Checkpoint, abnormal: bool) -> int:
+        """Where RocketMQ 4.9.3's CommitLog recovery starts: after a clean stop, the third-last segment
+        (``recoverNormally``); after a crash, the last segment whose first record is older than the
+        checkpoint's timestamps minus 3 s (``recoverAbnormally``), else the first."""
+        if not starts:
+            return 0
+        if not abnormal:
+            return starts[max(0, len(starts) - 3)]
+        min_ts = max(0, min(cp.physic_msg_timestamp, cp.logics_msg_timestamp) - 3000)
+        for start in reversed(starts):
+            ts = first_store_timestamp(self.commitlog.directory / file_name(start))
+            if ts and ts <= min_ts:
+                return start
+        return starts[0]
+
+    def _dispatch_range(self, start: int, gaps: set[tuple[str, int]], only: set[tuple[str, int]] | None,
+                        *, fill: bool = False) -> int:
+        """Append the missing units of records in ``[start, end)``; records whose unit exists are skipped.
+
+        A record whose queue offset is past its queue's end is a gap (reported in ``gaps``), or with ``fill``
+        (the scan started at the log's first record, so the records in between were deleted) the queue gets
+        blank units up to it (RocketMQ's fillPreBlank)."""
         rebuilt = 0
 
         def dispatch(rec: ScanRecord) -> None:
@@ -421,8 +487,13 @@ class MessageStore:
             if rec.queue_offset < have:
                 return
             if rec.queue_offset > have:
-                gaps.add(key)
-                return
+                if not fill:
+                    gaps.add(key)
+                    return
+                if cq is None:
+                    cq = self._new_cq(rec.topic, rec.queue_id)
+                cq.fill_blank(rec.queue_offset)
+                have = rec.queue_offset
             if cq is None:
                 cq = self._new_cq(rec.topic, rec.queue_id)
             cq.append(have, UNIT.pack(rec.offset, rec.size, self._tags_code(rec.topic, rec.properties,
@@ -440,6 +511,9 @@ class MessageStore:
         return tags_string_to_tags_code(get_property(props, MessageConst.TAGS))
 
     def _close_sync(self) -> None:
+        for _, close in self._retired:
+            close()
+        self._retired.clear()
         for qs in self.queues.values():
             for cq in qs.values():
                 cq.close()
@@ -450,6 +524,75 @@ class MessageStore:
         self._unlock_store()
         self.running = False
         log.info("store.stopped", end_offset=self.commitlog.max_offset)
+
+    # ================================================================== reclaim (broker/store/clean.py)
+    async def _in_io_thread(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run a blocking fsync pass in a worker thread, counted: deleted files' descriptors are closed only
+        while no such thread runs (it may hold one of them)."""
+        self._io_threads += 1
+        try:
+            await trio.to_thread.run_sync(fn, *args)
+        finally:
+            self._io_threads -= 1
+            if self._retired:
+                self.close_retired()
+
+    def _retire(self, close: Callable[[], None]) -> None:
+        deadline = trio.current_time() + self.config.destroy_mapedfile_interval_forcibly_ms / 1000
+        self._retired.append((deadline, close))
+
+    def close_retired(self) -> None:
+        """Close the descriptors and mappings of deleted files: all of them when no fsync thread runs, else
+        those deleted ``destroy_mapedfile_interval_forcibly_ms`` ago (RocketMQ's forced destroy)."""
+        if not self._retired:
+            return
+        if self._io_threads:
+            now = trio.current_time()
+            due = [r for r in self._retired if r[0] <= now]
+            self._retired = [r for r in self._retired if r[0] > now]
+        else:
+            due, self._retired = self._retired, []
+        for _, close in due:
+            close()
+
+    def delete_first_segment(self) -> None:
+        """Delete the oldest segment (never the one being written): unlinked now, closed by ``close_retired``.
+        Units pointing into it read as removed until the consume queues follow (``delete_expired_queue_files``)."""
+        cl = self.commitlog
+        if len(cl.segments) < 2:
+            raise ValueError("the segment being written is never deleted")
+        seg = cl.segments.pop(0)
+        seg.path.unlink(missing_ok=True)
+        self._retire(seg.close)
+        self.deleted_files["commitlog"] += 1
+
+    def delete_expired_queue_files(self, cq: ConsumeQueue, min_phys_offset: int) -> int:
+        """Delete ``cq``'s files that only point below ``min_phys_offset`` and move its min offset up."""
+        deleted, fds = cq.delete_expired_files(min_phys_offset)
+        for fd in fds:
+            self._retire(functools.partial(_close_fd, fd))
+        self.deleted_files["consumequeue"] += deleted
+        return deleted
+
+    def mark_disk_full(self, full: bool, ratio: float) -> None:
+        """RocketMQ's RunningFlags ``getAndMakeDiskFull`` / ``getAndMakeDiskOK``: refuse writes (answered
+        SERVICE_NOT_AVAILABLE) while the disk is above ``disk_space_warning_level_ratio``."""
+        if full == self.disk_full:
+            return
+        self.disk_full = full
+        limit = self.config.disk_space_warning_level_ratio
+        if full:
+            log.error("store.disk_full", used_ratio=ratio, disk_space_warning_level_ratio=limit)
+            if self.writable:
+                self.writable = False
+                self.not_writable_reason = (
+                    f"{_DISK_FULL}: the disk is {ratio:.0%} used, above disk_space_warning_level_ratio {limit}%")
+        else:
+            log.info("store.disk_ok", used_ratio=ratio, disk_space_warning_level_ratio=limit)
+            if not self.writable and self.not_writable_reason.startswith(_DISK_FULL) and self.running \
+                    and not self._stopped:
+                self.writable = True
+                self.not_writable_reason = ""
 
     # ================================================================== queues
     def _new_cq(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -754,7 +897,7 @@ class MessageStore:
             if target > cl.flushed_offset:
                 try:
                     t_fsync = time.perf_counter()
-                    await trio.to_thread.run_sync(cl.flush, target)
+                    await self._in_io_thread(cl.flush, target)
                     if self.on_fsync is not None:
                         self.on_fsync("group_commit", time.perf_counter() - t_fsync)
                     cl.flushed_offset = max(cl.flushed_offset, target)
@@ -802,7 +945,7 @@ class MessageStore:
                 self._write_checkpoint_sync(target, target, table, store_ts)
 
             t_fsync = time.perf_counter()
-            await trio.to_thread.run_sync(work)
+            await self._in_io_thread(work)
             if self.on_fsync is not None:
                 self.on_fsync("interval", time.perf_counter() - t_fsync)
             cl.flushed_offset = max(cl.flushed_offset, target)
@@ -957,6 +1100,11 @@ class MessageStore:
             "queues": sum(len(qs) for qs in self.queues.values()),
             "writable": self.writable,
         }
+
+
+def _close_fd(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _mono_ms() -> int:

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from trimq.broker.store.commitlog import CommitLog, ScanRecord, file_name, scan_segment_bytes
 from trimq.broker.store.consume_queue import ConsumeQueue
-from trimq.protocol.record import MESSAGE_MAGIC_CODE
+from trimq.protocol.record import MESSAGE_MAGIC_CODE, POS_BORN_HOST, SYSFLAG_BORNHOST_V6
 
-__all__ = ["RecoveryReport", "check_queue_tail", "scan_commit_log"]
+__all__ = ["RecoveryReport", "check_queue_tail", "first_store_timestamp", "scan_commit_log"]
 
 _CHECK = struct.Struct(">iIiiiq")  # size, magic, crc, queue id, flag, queue offset
+_MAGIC_SYSFLAG = (struct.Struct(">I"), struct.Struct(">i"))
+_I64 = struct.Struct(">q")
 
 
 @dataclass(slots=True)
@@ -82,17 +84,36 @@ def scan_commit_log(
             return pos, why, count
 
 
+def first_store_timestamp(path: str | os.PathLike[str]) -> int:
+    """STORETIMESTAMP of the first record of a segment file, 0 when it does not start with a message
+    (RocketMQ's ``isMappedFileMatchedRecover`` reads the same field)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(POS_BORN_HOST + 20 + 8)
+    except OSError:
+        return 0
+    if len(head) < POS_BORN_HOST + 8 + 8 or _MAGIC_SYSFLAG[0].unpack_from(head, 4)[0] != MESSAGE_MAGIC_CODE:
+        return 0
+    sys_flag = _MAGIC_SYSFLAG[1].unpack_from(head, 36)[0]
+    pos = POS_BORN_HOST + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+    if len(head) < pos + 8:
+        return 0
+    return int(_I64.unpack_from(head, pos)[0])
+
+
 def check_queue_tail(cq: ConsumeQueue, cl: CommitLog) -> int:
     """Drop trailing units of ``cq`` that do not point at their own record in ``cl``; returns how many.
 
     A unit is kept when the commit log holds, at its offset, a message record of its size whose queue id
-    and queue offset are the unit's. Only the tail is checked (that is where a crash leaves damage).
+    and queue offset are the unit's. Only the tail is checked (that is where a crash leaves damage). A unit
+    pointing below the log's first offset is kept too: its record was deleted as expired, and so were those
+    of the units before it (dropping them would move the queue's max offset back).
     """
     dropped = 0
     while cq.max_offset > cq.min_offset:
         k = cq.max_offset - 1
         unit = cq.get_unit(k)
-        if unit is not None and _unit_matches(cl, unit[0], unit[1], cq.queue_id, k):
+        if unit is not None and (unit[0] < cl.min_offset or _unit_matches(cl, unit[0], unit[1], cq.queue_id, k)):
             break
         cq.truncate(k)
         dropped += 1

@@ -1,5 +1,6 @@
 """Crash recovery of a real ``trimq-broker`` process: SIGKILL in the middle of a SYNC_FLUSH send stream,
-then garbage appended to the commit log and a truncated consume-queue file.
+then garbage appended to the commit log and a consume-queue file that lost its last unit and a half (cut
+short, as an older trimq store's files were).
 
 After each restart: every acknowledged message is pulled back intact, in queue order, with no gap and no
 partial record, and the consume queues agree with the commit log (checked offline, file by file).
@@ -25,6 +26,7 @@ from trimq.protocol.message import encode_properties
 from trimq.protocol.record import BLANK_MAGIC_CODE, decode_record, iter_records
 
 SEG = 64 * 1024  # the daemons fixture's small store geometry
+CQ_FILE = 64 * 20
 TOPIC = "Crash"
 QUEUES = 3
 WORKERS = 8
@@ -129,15 +131,24 @@ def check_store_files(store: Path) -> int:
     for topic in os.listdir(cq_root):
         for qid_s in os.listdir(cq_root / topic):
             qdir = cq_root / topic / qid_s
-            raw = b"".join((qdir / f).read_bytes() for f in sorted(os.listdir(qdir)))
-            assert len(raw) % 20 == 0
-            units = list(struct.iter_unpack(">qiq", raw))
+            files = [(qdir / f).read_bytes() for f in sorted(os.listdir(qdir))]
+            assert {len(f) for f in files} == {CQ_FILE}, "queue files are pre-sized, as RocketMQ requires"
+            units = list(struct.iter_unpack(">qiq", b"".join(files)))
+            n = next((k for k, (phys, size, _) in enumerate(units) if not (phys >= 0 and size > 0)), len(units))
+            assert set(units[n:]) <= {(0, 0, 0)}, "only zeros after the first invalid unit (RocketMQ's end rule)"
+            units = units[:n]
             assert len(units) == per_queue[(topic, int(qid_s))], f"{topic}/{qid_s}: units != records"
             for k, (phys, size, tags) in enumerate(units):
                 m = records[phys]
                 assert (m.topic, m.queue_id, m.queue_offset, m.store_size) == (topic, int(qid_s), k, size)
                 assert tags == tags_string_to_tags_code(m.tags)
     return end
+
+
+def unit_bytes(path: Path) -> int:
+    """Bytes of a pre-sized queue file up to its first all-zero unit."""
+    units = list(struct.iter_unpack(">qiq", path.read_bytes()))
+    return 20 * next((k for k, u in enumerate(units) if u == (0, 0, 0)), len(units))
 
 
 def recovery_report(log: str) -> dict[str, Any]:
@@ -175,11 +186,11 @@ async def test_sigkill_during_sync_flush_then_garbage_and_a_truncated_queue(daem
         fh.write(bytes(torn[: len(torn) // 2]) + os.urandom(300))
     qdir = store / "consumequeue" / TOPIC / "0"
     last_cq = qdir / sorted(os.listdir(qdir))[-1]
-    size = last_cq.stat().st_size
+    size = unit_bytes(last_cq)
     if size < 30:  # the last file holds too little: cut into the previous one instead
         os.unlink(last_cq)
         last_cq = qdir / sorted(os.listdir(qdir))[-1]
-        size = last_cq.stat().st_size
+        size = unit_bytes(last_cq)
     os.truncate(last_cq, size - 30)
 
     broker = await daemons.broker(store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from trimq.broker.store.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from trimq.broker.store.checkpoint import ROCKETMQ_CHECKPOINT_SIZE, Checkpoint, CheckpointError, read_checkpoint
 from trimq.broker.store.commitlog import StoreError, file_name
 from trimq.broker.store.consume_queue import tags_string_to_tags_code
 from trimq.broker.store.message_store import (
@@ -24,7 +25,7 @@ from trimq.broker.store.message_store import (
     StoreConfig,
     get_property,
 )
-from trimq.broker.store.recovery import scan_commit_log
+from trimq.broker.store.recovery import first_store_timestamp, scan_commit_log
 from trimq.protocol.message import encode_properties
 from trimq.protocol.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, decode_record, encode_record, iter_records
 
@@ -362,10 +363,111 @@ def test_checkpoint_codec() -> None:
     cp = Checkpoint(1, 2, 0, 4096, 4000, {"T": {0: 5, 3: 9}, "%RETRY%g": {0: 1}})
     raw = cp.encode()
     assert raw[:24] == struct.pack(">qqq", 1, 2, 0)  # RocketMQ's three timestamps first
+    assert raw[24:32] == b"TQCP" + struct.pack(">i", 2)
+    assert struct.unpack(">I", raw[-4:])[0] == zlib.crc32(raw[24:-4])  # version 2: the CRC skips RocketMQ's part
     assert Checkpoint.decode(raw) == cp
-    for bad in (raw[:-1], raw[:10], raw[:35] + bytes([raw[35] ^ 1]) + raw[36:], b"XXXX" + raw[4:]):
+    for bad in (raw[:-1], raw[:10], raw[:35] + bytes([raw[35] ^ 1]) + raw[36:], raw[:24] + b"XXXX" + raw[28:],
+                raw + b"\x01", raw + bytes(100)[:-1] + b"\x01", bytes(100)):
         with pytest.raises(CheckpointError):
             Checkpoint.decode(bad)
+    # After RocketMQ 4.9.3 opened the store: the file is one zero-padded 4096-byte page (StoreCheckpoint maps
+    # MappedFile.OS_PAGE_SIZE) and RocketMQ has rewritten the three timestamps.
+    page = raw.ljust(ROCKETMQ_CHECKPOINT_SIZE, b"\0")
+    assert Checkpoint.decode(page) == cp
+    visited = struct.pack(">qqq", 7, 8, 9) + page[24:]
+    assert Checkpoint.decode(visited) == Checkpoint(7, 8, 9, 4096, 4000, cp.queue_table)
+    # RocketMQ's own checkpoint: one page, three timestamps, nothing of trimq's.
+    own = struct.pack(">qqq", 5, 6, 0).ljust(ROCKETMQ_CHECKPOINT_SIZE, b"\0")
+    assert Checkpoint.decode(own) == Checkpoint(5, 6, 0, rocketmq=True)
+    with pytest.raises(CheckpointError, match="negative"):
+        Checkpoint.decode(struct.pack(">qqq", -5, 6, 0).ljust(ROCKETMQ_CHECKPOINT_SIZE, b"\0"))
+
+
+def test_version_1_checkpoints_still_read() -> None:
+    """trimq before this version: the CRC covered the timestamps too. Once RocketMQ has rewritten them the
+    trimq part can no longer be verified, and only RocketMQ's part is used."""
+    table = b'{"T":{"0":5}}'
+    head = struct.pack(">qqq4siqqI", 1, 2, 0, b"TQCP", 1, 4096, 4000, len(table)) + table
+    v1 = head + struct.pack(">I", zlib.crc32(head))
+    assert Checkpoint.decode(v1) == Checkpoint(1, 2, 0, 4096, 4000, {"T": {0: 5}})
+    assert Checkpoint.decode(v1.ljust(ROCKETMQ_CHECKPOINT_SIZE, b"\0")) == Checkpoint(1, 2, 0, 4096, 4000,
+                                                                                      {"T": {0: 5}})
+    visited = struct.pack(">qqq", 7, 8, 0) + v1[24:].ljust(ROCKETMQ_CHECKPOINT_SIZE - 24, b"\0")
+    assert Checkpoint.decode(visited) == Checkpoint(7, 8, 0, rocketmq=True)
+    with pytest.raises(CheckpointError, match="CRC"):
+        Checkpoint.decode(struct.pack(">qqq", 7, 8, 0) + v1[24:])  # not a RocketMQ page: damaged
+
+
+def rocketmq_would_load(store: Path, segment_size: int, cq_file_size: int) -> list[str]:
+    """RocketMQ 4.9.3's MappedFileQueue.doLoad: every commit-log and consume-queue file must have exactly the
+    configured size, else DefaultMessageStore.load() fails. Returns the files it would refuse."""
+    bad = [p for p in (store / "commitlog").iterdir() if p.stat().st_size != segment_size]
+    bad += [p for p in (store / "consumequeue").glob("*/*/*") if p.stat().st_size != cq_file_size]
+    return [str(p) for p in bad]
+
+
+async def test_a_store_rocketmq_has_opened_opens_without_a_rescan(tmp_path: Path) -> None:
+    async with running(tmp_path) as st:
+        for i in range(30):
+            await put(st, "Rq", i % 3, b"m%d" % i)
+        end = st.commitlog.max_offset
+    assert rocketmq_would_load(tmp_path, SEG, CQ_FILE) == []
+    cpath = tmp_path / "checkpoint"
+    # RocketMQ maps the checkpoint as one 4096-byte page and, having stored messages, rewrites the timestamps.
+    page = bytearray(cpath.read_bytes().ljust(ROCKETMQ_CHECKPOINT_SIZE, b"\0"))
+    page[0:24] = struct.pack(">qqq", 1_800_000_000_000, 1_800_000_000_000, 0)
+    cpath.write_bytes(page)
+    async with running(tmp_path) as st:
+        rep = st.recovery
+        assert rep.checkpoint == "ok" and rep.scan_from == end
+        assert rep.records_verified == 0 and rep.units_rebuilt == 0
+        assert [st.get_max_offset_in_queue("Rq", q) for q in range(3)] == [10, 10, 10]
+
+
+async def test_rocketmqs_own_checkpoint_starts_where_rocketmq_recovers(tmp_path: Path) -> None:
+    """A checkpoint of RocketMQ's alone (a store RocketMQ wrote, or a version-1 one it rewrote): after a clean
+    stop the scan starts at the third-last segment (recoverNormally); after a crash at the last segment whose
+    first record is older than the checkpoint's timestamps minus 3 s (recoverAbnormally)."""
+    async with running(tmp_path, crash=True) as st:
+        for _ in range(24):
+            await put(st, "Own", 0, bytes(1500))
+            await trio.sleep(0.002)  # distinct store times
+        await st.flush()
+        end = st.commitlog.max_offset
+    starts = sorted(int(f) for f in os.listdir(tmp_path / "commitlog"))
+    starts = [s for s in starts if s < end]
+    assert len(starts) >= 5
+    cpath = tmp_path / "checkpoint"
+    ts1 = first_store_timestamp(tmp_path / "commitlog" / file_name(starts[1]))
+    cpath.write_bytes(struct.pack(">qqq", ts1 + 3000, ts1 + 3000, 0).ljust(ROCKETMQ_CHECKPOINT_SIZE, b"\0"))
+    async with running(tmp_path) as st:  # the abort marker is there: abnormal
+        rep = st.recovery
+        assert rep.abnormal and rep.checkpoint == "rocketmq" and rep.scan_from == starts[1]
+        assert rep.end_offset == end and rep.units_rebuilt == 0
+        assert len(pull_all(st, "Own", 0)) == 24
+    cpath.write_bytes(struct.pack(">qqq", ts1, ts1, 0).ljust(ROCKETMQ_CHECKPOINT_SIZE, b"\0"))
+    async with running(tmp_path) as st:
+        rep = st.recovery
+        assert not rep.abnormal and rep.checkpoint == "rocketmq" and rep.scan_from == starts[-3]
+        assert rep.units_rebuilt == 0 and st.get_max_offset_in_queue("Own", 0) == 24
+
+
+async def test_older_store_with_short_queue_files_opens_and_is_pre_sized(tmp_path: Path) -> None:
+    """Queue files written before pre-sizing were as long as their units; they open as they are, nothing is
+    rescanned, and they come out at RocketMQ's length."""
+    async with running(tmp_path) as st:
+        for i in range(40):
+            await put(st, "Old", i % 2, b"o%d" % i)
+    for f in (tmp_path / "consumequeue" / "Old").glob("*/*"):
+        data = f.read_bytes()
+        units = [u for u in struct.iter_unpack(">qiq", data) if u != (0, 0, 0)]
+        f.write_bytes(data[: 20 * len(units)])
+    assert rocketmq_would_load(tmp_path, SEG, CQ_FILE)
+    async with running(tmp_path) as st:
+        rep = st.recovery
+        assert rep.records_verified == 0 and rep.units_rebuilt == 0 and not rep.queues_trimmed
+        assert [len(pull_all(st, "Old", q)) for q in (0, 1)] == [20, 20]
+    assert rocketmq_would_load(tmp_path, SEG, CQ_FILE) == []
 
 
 def test_get_property() -> None:

@@ -392,3 +392,77 @@ async def test_out_of_range_fields_are_refused_before_the_handler_and_oneway_one
         assert [c.ext["commitOffset"] for c in seen] == [2**63 - 1]
         assert server.field_range_errors == {False: 5, True: 1}
         server.shutdown()
+
+
+class PairListener(trio.abc.Listener[trio.abc.Stream]):
+    """Connections as lockstep stream pairs: no socket buffers, so every unsent byte is the server's (exact
+    flow-control accounting), and nothing real-time happens (MockClock drives everything)."""
+
+    def __init__(self) -> None:
+        self._send, self._recv = trio.open_memory_channel[trio.abc.Stream](100)
+
+    async def accept(self) -> trio.abc.Stream:
+        return await self._recv.receive()
+
+    async def aclose(self) -> None:
+        await self._send.aclose()
+
+    async def connect(self) -> trio.abc.Stream:
+        client, server = trio.testing.lockstep_stream_pair()
+        await self._send.send(server)
+        return client
+
+
+async def test_one_budget_for_all_answers_pauses_peers_that_never_read_then_closes_them(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """16 peers pipeline small answers (8 KiB, under busy_body_bytes) and never read. Before, small answers
+    skipped the server-wide budget: each peer could hold its own 64 KiB budget (1 MiB in all here). Now every
+    frame counts: the unsent bytes stay within max_total_pending_write_bytes plus about a frame and
+    busy_body_bytes per connection, a peer that reads is served meanwhile, and the stalled peers are closed
+    after write_stall_timeout_s."""
+    n_peers, body = 16, b"b" * 8 * 1024
+    total, per_conn, busy = 256 * 1024, 64 * 1024, 16 * 1024
+    server = RemotingServer(name="budget", max_pending_write_bytes=per_conn, max_total_pending_write_bytes=total,
+                            busy_body_bytes=busy, write_stall_timeout_s=30)
+    server.register(ECHO, echo)
+    listener = PairListener()
+    frame = len(encode_frame(RemotingCommand(code=ECHO, opaque=1, flag=1, body=body)))
+    broken = 0
+
+    async def flood() -> None:
+        nonlocal broken
+        stream = await listener.connect()
+        requests = b"".join(encode_frame(RemotingCommand(code=ECHO, opaque=i, body=body)) for i in range(200))
+        try:
+            await stream.send_all(requests)  # blocks once the server stops reading this peer
+            await trio.sleep_forever()
+        except trio.BrokenResourceError:
+            broken += 1  # closed by the server
+
+    async def healthy() -> int:
+        stream = await listener.connect()
+        dec = FrameDecoder()
+        for i in range(50):
+            await stream.send_all(encode_frame(RemotingCommand(code=ECHO, opaque=i, body=body)))
+            got: list[RemotingCommand] = []
+            while not got:
+                got = dec.feed(await stream.receive_some(65536))
+            assert got[0].ok and got[0].opaque == i
+        await stream.aclose()
+        return 50
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve_listeners, [listener])
+        async with trio.open_nursery() as peers:
+            for _ in range(n_peers):
+                peers.start_soon(flood)
+            await trio.sleep(1)
+            assert len(server._paused) == n_peers  # all paused, none closed yet
+            assert await healthy() == 50  # served while they are paused
+            assert server.stalled_closed == 0
+            await trio.sleep(30)
+            assert server.stalled_closed == n_peers and broken == n_peers
+        bound = total + (n_peers + 2) * (busy + frame)
+        assert 0 < server.peak_pending_write_bytes <= bound, (server.peak_pending_write_bytes, bound)
+        assert server.pending_write_bytes == 0 and not server._paused
+        server.shutdown()

@@ -1,18 +1,34 @@
-"""Broker-side queue locks for orderly consumption: RocketMQ 4.9.3's RebalanceLockManager, plus trimq's extras.
+"""Broker-side queue locks for orderly consumption: RocketMQ 4.9.3's RebalanceLockManager as leases, plus extras.
 
-A consumer group's orderly consumers lock the message queues they were allocated (LOCK_BATCH_MQ) and renew
-the locks every ``lock_interval_ms``; a lock nobody renews for more than ``max_live_ms`` may be taken over by
-another client of the group. RocketMQ semantics kept exactly (ROCKETMQ_FACTS.md §3):
+A consumer group's orderly consumers lock the message queues they were allocated (LOCK_BATCH_MQ) and renew the
+locks; a lock is a **lease** of ``max_live_ms``: its holder may start work under it until ``max_live_ms`` after
+it *sent* the renewal, and another client of the group may take it over only once it is older than
+``takeover_after_ms`` = ``max_live_ms`` + ``takeover_margin_ms`` (the margin covers clock-rate drift between the
+holder's clock and the broker's, and the holder's scheduling delay: docs/PROTOCOL.md "Queue-lock leases").
+With a zero margin and ``max_live_ms`` 60 000 this is RocketMQ exactly (ROCKETMQ_FACTS.md §3):
 
-* a lock is *expired* when ``now - last_update_timestamp`` is **strictly greater** than ``max_live_ms``;
+* a lock is *expired* (may be taken over) when ``now - last_update_timestamp`` is **strictly greater** than
+  ``takeover_after_ms``;
 * checking a lock the caller owns renews it (the side effect of RocketMQ's private ``isLocked``);
 * a lock held by another client is taken over ("stolen") only once it has expired;
 * ``unlock_batch`` removes an entry only when the caller owns it, **whether or not it has expired**.
 
-trimq adds, each documented where it is defined: a read-only table view for the admin CLI, HEAD's
-``is_lock_all_expired``, ``live_owner`` / ``is_fenced`` for offset fencing (DESIGN.md §6.2),
-``unlock_all_for_client`` for graceful leaves (DESIGN.md §6.1), counters for the metrics layer, and
-detailed results so the broker can log ``lock.acquired`` / ``lock.stolen`` events.
+trimq adds, each documented where it is defined:
+
+* a **fencing epoch** per grant (DESIGN.md §6.9): ``(broker_epoch << 32) | counter``, where ``counter`` grows,
+  per (group, queue), with every grant to a holder that did not hold the lock continuously (a free queue
+  locked, an expired lock taken over) and ``broker_epoch`` grows with every broker start, so no later grant
+  compares lower than an earlier one; renewals keep the epoch. ``current_epoch`` is what offset commits are
+  fenced against;
+* ``release_client_after``: a client whose connection closed loses its locks after a short grace, unless it
+  renews them (over a new connection) in time;
+* a **restart grace** (``begin_restart_grace``): a restarted broker, whose table is empty, grants a queue to
+  nobody but its *claimant* (the client that says it still holds a lease on it, with the epoch it holds)
+  until the longest lease it could have granted before the restart has run out;
+* a read-only table view for the admin CLI, HEAD's ``is_lock_all_expired``, ``live_owner`` / ``offset_owner`` /
+  ``is_fenced`` for owner-based fencing of commits that carry no epoch (DESIGN.md §6.2),
+  ``unlock_all_for_client`` for graceful leaves (DESIGN.md §6.1), counters for the metrics layer, and
+  detailed results so the broker can log ``lock.acquired`` / ``lock.stolen`` events.
 
 This is a pure core: no I/O, no trio, time comes from the injected ``now_ms`` clock. RocketMQ guards the
 table with one global ReentrantLock; here every method runs to completion without awaiting, so a single
@@ -23,24 +39,45 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from trimq.protocol.message_queue import MessageQueue
 
 __all__ = [
     "DEFAULT_LOCK_MAX_LIVE_MS",
+    "EPOCH_COUNTER_BITS",
+    "RESTART_GRACE_OWNER",
     "LockBatchResult",
     "LockInfo",
     "LockOutcome",
     "LockStats",
     "RebalanceLockManager",
     "UnlockBatchResult",
+    "make_epoch",
+    "split_epoch",
     "wall_clock_ms",
 ]
 
 #: RocketMQ's ``rocketmq.broker.rebalance.lockMaxLiveTime`` default.
 DEFAULT_LOCK_MAX_LIVE_MS = 60_000
+#: Low bits of a fencing epoch holding the per-(group, queue) grant counter; the broker epoch is above them.
+EPOCH_COUNTER_BITS = 32
+_COUNTER_MASK = (1 << EPOCH_COUNTER_BITS) - 1
+#: The owner reported for a queue refused because of the restart grace (nobody holds it yet).
+RESTART_GRACE_OWNER = "(restart grace)"
+
+
+def make_epoch(broker_epoch: int, counter: int) -> int:
+    """The fencing epoch ``(broker_epoch << 32) | counter`` (an int64 while broker_epoch < 2**31)."""
+    if broker_epoch < 0 or not 0 <= counter <= _COUNTER_MASK:
+        raise ValueError(f"epoch parts out of range: broker_epoch={broker_epoch}, counter={counter}")
+    return (broker_epoch << EPOCH_COUNTER_BITS) | counter
+
+
+def split_epoch(epoch: int) -> tuple[int, int]:
+    """``(broker_epoch, counter)`` of a fencing epoch (for logs and the admin CLI)."""
+    return epoch >> EPOCH_COUNTER_BITS, epoch & _COUNTER_MASK
 
 
 def wall_clock_ms() -> int:
@@ -57,7 +94,7 @@ class LockOutcome(enum.Enum):
     RENEWED = "renewed"
     #: Another client's lock had expired and the caller took it over.
     STOLEN = "stolen"
-    #: Another client holds a live lock: nothing changed.
+    #: Another client holds a live lock (or the restart grace keeps the queue for its claimant): nothing changed.
     REFUSED = "refused"
 
     @property
@@ -68,11 +105,13 @@ class LockOutcome(enum.Enum):
 
 @dataclass(slots=True)
 class _LockEntry:
-    # RocketMQ's LockEntry: the owner and when it last locked or renewed. ``max_live_ms`` (trimq) shortens
-    # this entry's lifetime after its owner's connection closed (orphan_client); any lock or renewal clears it.
+    # RocketMQ's LockEntry: the owner and when it last locked or renewed; trimq adds the grant's fencing epoch
+    # and ``release_at``, the broker time after which the entry counts as expired because its owner's
+    # connection closed (release_client_after); any lock or renewal by the owner clears it.
     client_id: str
     last_update_timestamp: int
-    max_live_ms: int | None = None
+    epoch: int = 0
+    release_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +123,8 @@ class LockInfo:
     last_update_timestamp: int
     age_ms: int
     expired: bool
+    epoch: int = 0
+    releasing: bool = False  # its owner's connection closed: released at the end of the grace unless renewed
 
 
 @dataclass(slots=True)
@@ -93,10 +134,12 @@ class LockStats:
     acquired: int = 0  # free queue (or own expired lock) locked
     renewed: int = 0  # live lock re-locked or checked by its owner
     stolen: int = 0  # another client's expired lock taken over
-    refused: int = 0  # lock attempt on a queue held live by another client
+    refused: int = 0  # lock attempt on a queue held live by another client (or kept by the restart grace)
     unlocked: int = 0  # entry removed by its owner (unlock_batch or unlock_all_for_client)
     unlock_refused: int = 0  # unlock attempt on a queue owned by another client
     unlock_not_locked: int = 0  # unlock attempt on a queue (or group) with no entry
+    claimed: int = 0  # queue granted to its claimant during the restart grace
+    released_on_disconnect: int = 0  # lock set to be released because its owner's connection closed
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name, e.g. for a metrics exporter or a JSON admin answer."""
@@ -108,7 +151,8 @@ class LockBatchResult:
     """Everything one ``try_lock_batch_detailed`` call did, so the broker can log and count it.
 
     ``stolen`` maps each taken-over queue to the client that held it; ``refused`` maps each refused queue to
-    the client holding it live.
+    the client holding it live (``RESTART_GRACE_OWNER`` when the restart grace kept it); ``epochs`` gives the
+    fencing epoch of every locked queue.
     """
 
     locked: set[MessageQueue] = field(default_factory=set)
@@ -116,9 +160,12 @@ class LockBatchResult:
     renewed: list[MessageQueue] = field(default_factory=list)
     stolen: dict[MessageQueue, str] = field(default_factory=dict)
     refused: dict[MessageQueue, str] = field(default_factory=dict)
-    #: Locked queues whose entry already belonged to the caller (renewed, or its own lapsed entry re-locked):
-    #: nobody else held them since the caller's previous lock, so nobody else consumed them meanwhile.
+    #: Locked queues whose entry already belonged to the caller (renewed, or its own lapsed entry re-locked),
+    #: or that were granted to it as their claimant during the restart grace: nobody else held them since the
+    #: caller's previous lock, so nobody else consumed them meanwhile.
     kept: set[MessageQueue] = field(default_factory=set)
+    epochs: dict[MessageQueue, int] = field(default_factory=dict)
+    claimed: list[MessageQueue] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -146,32 +193,56 @@ def _check_mq(value: object) -> MessageQueue:
     return value
 
 
+def _check_ms(what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer (milliseconds), got {value!r}")
+    return value
+
+
 def _unique_mqs(mqs: Iterable[MessageQueue]) -> list[MessageQueue]:
     # RocketMQ receives a Set; keep the caller's order (deterministic logs) but drop duplicates.
     return list(dict.fromkeys(_check_mq(mq) for mq in mqs))
 
 
 class RebalanceLockManager:
-    """The broker's table of queue locks: group -> message queue -> (owner client id, last update time).
+    """The broker's table of queue locks: group -> message queue -> (owner, last update time, epoch).
 
-    ``max_live_ms`` is RocketMQ's ``lockMaxLiveTime`` (default 60 000 ms); ``now_ms`` returns the current time
-    in milliseconds (wall clock by default; tests inject a fake).
+    ``max_live_ms`` is the lease a holder is granted (RocketMQ's ``lockMaxLiveTime``, default 60 000 ms;
+    trimq's broker passes ``lease_ms``); ``takeover_margin_ms`` is added before another client may take an
+    unrenewed lock over (0: RocketMQ); ``broker_epoch`` is the high half of every fencing epoch this manager
+    grants; ``now_ms`` returns the current time in milliseconds (wall clock by default; tests inject a fake).
     """
 
-    def __init__(self, max_live_ms: int = DEFAULT_LOCK_MAX_LIVE_MS, now_ms: Callable[[], int] = wall_clock_ms):
-        if isinstance(max_live_ms, bool) or not isinstance(max_live_ms, int) or max_live_ms < 0:
-            raise ValueError(f"max_live_ms must be a non-negative integer (milliseconds), got {max_live_ms!r}")
-        self._max_live_ms = max_live_ms
+    def __init__(self, max_live_ms: int = DEFAULT_LOCK_MAX_LIVE_MS, now_ms: Callable[[], int] = wall_clock_ms, *,
+                 takeover_margin_ms: int = 0, broker_epoch: int = 0) -> None:
+        self._max_live_ms = _check_ms("max_live_ms", max_live_ms)
+        self._margin_ms = _check_ms("takeover_margin_ms", takeover_margin_ms)
+        if isinstance(broker_epoch, bool) or not isinstance(broker_epoch, int) or not 0 <= broker_epoch < 2**31:
+            raise ValueError(f"broker_epoch must be an integer in [0, 2**31), got {broker_epoch!r}")
+        self._broker_epoch = broker_epoch
         self._now_ms = now_ms
         self._table: dict[str, dict[MessageQueue, _LockEntry]] = {}
         # The last client each queue was locked by, kept after unlocks and expiries (offset_owner).
         self._last_holder: dict[str, dict[MessageQueue, str]] = {}
+        # The epoch of the latest grant of each queue in this broker lifetime, kept after unlocks and expiries.
+        self._last_epoch: dict[str, dict[MessageQueue, int]] = {}
+        self._grace_until: int | None = None
         self.stats = LockStats()
 
     @property
     def max_live_ms(self) -> int:
-        """How long a lock stays live without renewal, in milliseconds."""
+        """The lease: how long a holder may rely on a lock after it sent the request that renewed it."""
         return self._max_live_ms
+
+    @property
+    def takeover_after_ms(self) -> int:
+        """How old an unrenewed lock must be (strictly) before another client may take it over."""
+        return self._max_live_ms + self._margin_ms
+
+    @property
+    def broker_epoch(self) -> int:
+        """The high half of every epoch granted by this manager (grows with every broker start)."""
+        return self._broker_epoch
 
     # ------------------------------------------------------------------ RocketMQ's operations
 
@@ -187,7 +258,7 @@ class RebalanceLockManager:
         """Like ``try_lock`` but says what happened (acquired, renewed, stolen or refused)."""
         _check_name("group", group)
         _check_name("client_id", client_id)
-        outcome, _ = self._lock_one(group, _check_mq(mq), client_id, self._now_ms())
+        outcome, _, _ = self._lock_one(group, _check_mq(mq), client_id, self._now_ms(), None)
         return outcome
 
     def try_lock_batch(self, group: str, mqs: Iterable[MessageQueue], client_id: str) -> set[MessageQueue]:
@@ -198,8 +269,14 @@ class RebalanceLockManager:
         """
         return self.try_lock_batch_detailed(group, mqs, client_id).locked
 
-    def try_lock_batch_detailed(self, group: str, mqs: Iterable[MessageQueue], client_id: str) -> LockBatchResult:
-        """Like ``try_lock_batch`` but reports per queue what happened, for event logs (``lock.stolen``...)."""
+    def try_lock_batch_detailed(self, group: str, mqs: Iterable[MessageQueue], client_id: str,
+                                claims: Mapping[MessageQueue, int] | None = None) -> LockBatchResult:
+        """Like ``try_lock_batch`` but reports per queue what happened, for event logs (``lock.stolen``...).
+
+        ``claims`` (trimq) maps queues to the epoch the caller says it still holds them under: during the
+        restart grace a free queue is granted only to a claimant (``claimed``, counted as ``kept``); outside
+        it, claims change nothing.
+        """
         _check_name("group", group)
         _check_name("client_id", client_id)
         queues = _unique_mqs(mqs)
@@ -207,9 +284,9 @@ class RebalanceLockManager:
         result = LockBatchResult()
         for mq in queues:
             prior = self._table.get(group, {}).get(mq)
-            if prior is not None and prior.client_id == client_id:
-                result.kept.add(mq)  # its own entry: renewed or re-locked, never refused
-            outcome, other = self._lock_one(group, mq, client_id, now)
+            prior_owner = prior.client_id if prior is not None else None  # before _lock_one changes the entry
+            claim = claims.get(mq) if claims else None
+            outcome, other, claimed = self._lock_one(group, mq, client_id, now, claim)
             if outcome is LockOutcome.ACQUIRED:
                 result.acquired.append(mq)
             elif outcome is LockOutcome.RENEWED:
@@ -221,7 +298,12 @@ class RebalanceLockManager:
                 assert other is not None
                 result.refused[mq] = other
                 continue
+            if claimed:
+                result.claimed.append(mq)
+            if claimed or prior_owner == client_id:
+                result.kept.add(mq)  # its own entry (renewed or re-locked), or its own lease across a restart
             result.locked.add(mq)
+            result.epochs[mq] = self._table[group][mq].epoch
         return result
 
     def unlock_batch(self, group: str, mqs: Iterable[MessageQueue], client_id: str) -> None:
@@ -269,11 +351,67 @@ class RebalanceLockManager:
         if entry is None or entry.client_id != client_id or self._expired(entry, now):
             return False
         entry.last_update_timestamp = now
-        entry.max_live_ms = None
+        entry.release_at = None
         self.stats.renewed += 1
         return True
 
     # ------------------------------------------------------------------ trimq's additions
+
+    def begin_restart_grace(self, grace_ms: int) -> None:
+        """Keep free queues for their claimants for ``grace_ms`` from now (call when the broker starts serving).
+
+        ``grace_ms`` should be the longest ``takeover_after_ms`` the previous broker lifetime could have granted:
+        until then a client may still be working under a lease from before the restart, and only it may
+        lock the queue again (NFS-style lease recovery).
+        """
+        self._grace_until = self._now_ms() + _check_ms("grace_ms", grace_ms)
+
+    def in_restart_grace(self) -> bool:
+        """True while the restart grace lasts."""
+        return self._grace_until is not None and self._now_ms() <= self._grace_until
+
+    def current_epoch(self, group: str, mq: MessageQueue) -> int | None:
+        """The epoch of the latest grant of ``mq`` in ``group`` since this broker started (live, released or
+        expired), None if it was never locked since. Offset commits carrying an older epoch are refused."""
+        return self._last_epoch.get(group, {}).get(_check_mq(mq))
+
+    def release_client_after(self, client_id: str, grace_ms: int) -> list[tuple[str, MessageQueue]]:
+        """Make every lock ``client_id`` holds expire ``grace_ms`` from now (never later than already set);
+        returns the (group, queue) pairs affected. Called when the client's connection closed: a process
+        that died releases its queues after the grace instead of after the lease. A renewal by the client
+        within the grace (over a new connection) keeps them.
+
+        Safe because a client stops starting new batches on a broker's queues the moment its connection to
+        that broker drops (client.rebalance.impl), and the grace covers the closing of that connection reaching
+        both ends.
+        """
+        _check_name("client_id", client_id)
+        release_at = self._now_ms() + _check_ms("grace_ms", grace_ms)
+        affected = []
+        for group, entries in self._table.items():
+            for mq, entry in entries.items():
+                if entry.client_id != client_id:
+                    continue
+                if entry.release_at is None:
+                    self.stats.released_on_disconnect += 1
+                entry.release_at = release_at if entry.release_at is None else min(entry.release_at, release_at)
+                affected.append((group, mq))
+        return affected
+
+    def drop_released(self) -> list[tuple[str, MessageQueue, str]]:
+        """Remove the entries whose disconnect grace has passed; returns (group, queue, former owner).
+
+        Optional tidying (such entries already count as expired): keeps the admin table free of dead clients.
+        """
+        now = self._now_ms()
+        out = []
+        for group, entries in list(self._table.items()):
+            for mq, entry in list(entries.items()):
+                if entry.release_at is not None and now > entry.release_at:
+                    del entries[mq]
+                    out.append((group, mq, entry.client_id))
+            self._drop_if_empty(group)
+        return out
 
     def is_lock_all_expired(self, group: str) -> bool:
         """True if the group has no locks or every one of them has expired (RocketMQ HEAD's isLockAllExpired)."""
@@ -286,8 +424,8 @@ class RebalanceLockManager:
     def live_owner(self, group: str, mq: MessageQueue) -> str | None:
         """The client holding a live lock on ``mq`` in ``group``, or None; never renews (trimq, for fencing).
 
-        The broker refuses offset updates for a queue from any client other than its live owner
-        (DESIGN.md §6.2), so a paused ex-holder cannot rewind a queue another client now consumes.
+        The broker refuses offset updates that carry no epoch for a queue from any client other than its live
+        owner (DESIGN.md §6.2), so a paused ex-holder cannot rewind a queue another client now consumes.
         """
         entry = self._table.get(group, {}).get(_check_mq(mq))
         if entry is None or self._expired(entry, self._now_ms()):
@@ -315,34 +453,12 @@ class RebalanceLockManager:
         owner = self.live_owner(group, mq)
         return owner is not None and owner != client_id
 
-    def orphan_client(self, client_id: str, max_live_ms: int) -> list[tuple[str, MessageQueue]]:
-        """Shorten the life of every lock ``client_id`` holds to ``max_live_ms`` after its last renewal (never
-        lengthen it); returns the (group, queue) pairs affected. trimq's addition, called when the client's
-        connection closes (e.g. the process was SIGKILLed): RocketMQ keeps such locks the full 60 s.
-
-        Safe when ``max_live_ms`` exceeds the client's own lock lifetime (30 s by default) plus network delay:
-        a client stops consuming a queue once its lock is that old counted from when it *sent* the renewal,
-        which is before the broker's ``last_update_timestamp``. A renewal over a new connection clears it.
-        """
-        _check_name("client_id", client_id)
-        if isinstance(max_live_ms, bool) or not isinstance(max_live_ms, int) or max_live_ms < 0:
-            raise ValueError(f"max_live_ms must be a non-negative integer (milliseconds), got {max_live_ms!r}")
-        affected = []
-        for group, entries in self._table.items():
-            for mq, entry in entries.items():
-                if entry.client_id != client_id:
-                    continue
-                current = self._max_live_ms if entry.max_live_ms is None else entry.max_live_ms
-                entry.max_live_ms = min(current, max_live_ms)
-                affected.append((group, mq))
-        return affected
-
     def unlock_all_for_client(self, group: str, client_id: str) -> list[MessageQueue]:
         """Release every lock ``client_id`` owns in ``group``, live or expired; returns them sorted.
 
-        trimq's addition (RocketMQ has nothing like it): the broker calls it when a client unregisters or its
-        connection closes, so a gracefully leaving consumer frees its queues at once instead of making the
-        next owner wait out ``max_live_ms`` (DESIGN.md §6.1).
+        trimq's addition (RocketMQ has nothing like it): the broker calls it when a client unregisters, so a
+        gracefully leaving consumer frees its queues at once instead of making the next owner wait out the
+        lease (DESIGN.md §6.1).
         """
         _check_name("group", group)
         _check_name("client_id", client_id)
@@ -355,6 +471,10 @@ class RebalanceLockManager:
         self.stats.unlocked += len(released)
         self._drop_if_empty(group)
         return released
+
+    def client_queues(self, group: str, client_id: str) -> list[MessageQueue]:
+        """The queues whose entry (live or not) belongs to ``client_id`` in ``group``, sorted."""
+        return sorted(mq for mq, e in self._table.get(group, {}).items() if e.client_id == client_id)
 
     def groups(self) -> list[str]:
         """Groups that have at least one lock entry (live or expired), sorted."""
@@ -373,6 +493,8 @@ class RebalanceLockManager:
                 last_update_timestamp=entry.last_update_timestamp,
                 age_ms=now - entry.last_update_timestamp,
                 expired=self._expired(entry, now),
+                epoch=entry.epoch,
+                releasing=entry.release_at is not None,
             )
             for mq, entry in sorted(entries.items())
         ]
@@ -386,38 +508,60 @@ class RebalanceLockManager:
     # ------------------------------------------------------------------ internals
 
     def _expired(self, entry: _LockEntry, now: int) -> bool:
-        # Strictly greater: a lock exactly max_live_ms old is still live, as in RocketMQ's LockEntry.isExpired.
-        limit = self._max_live_ms if entry.max_live_ms is None else entry.max_live_ms
-        return now - entry.last_update_timestamp > limit
+        # Strictly greater: a lock exactly takeover_after_ms old is still live, as in RocketMQ's LockEntry.isExpired.
+        if entry.release_at is not None and now > entry.release_at:
+            return True
+        return now - entry.last_update_timestamp > self._max_live_ms + self._margin_ms
 
-    def _lock_one(self, group: str, mq: MessageQueue, client_id: str, now: int) -> tuple[LockOutcome, str | None]:
-        """One queue's lock attempt; returns the outcome and, when stolen or refused, the other client."""
+    def _new_epoch(self, group: str, mq: MessageQueue) -> int:
+        epochs = self._last_epoch.setdefault(group, {})
+        previous = epochs.get(mq)
+        counter = 1 if previous is None else (previous & _COUNTER_MASK) + 1
+        epoch = make_epoch(self._broker_epoch, min(counter, _COUNTER_MASK))
+        epochs[mq] = epoch
+        return epoch
+
+    def _lock_one(self, group: str, mq: MessageQueue, client_id: str, now: int,
+                  claim: int | None) -> tuple[LockOutcome, str | None, bool]:
+        """One queue's lock attempt: (outcome, the other client when stolen or refused, granted as a claim)."""
         entries = self._table.setdefault(group, {})
         entry = entries.get(mq)
-        if entry is None or entry.client_id == client_id or self._expired(entry, now):
-            self._last_holder.setdefault(group, {})[mq] = client_id  # the caller holds it below (offset_owner)
         if entry is None:
-            entries[mq] = _LockEntry(client_id, now)
+            claimed = False
+            if self._grace_until is not None and now <= self._grace_until:
+                if claim is None:
+                    # Restart grace: a client may still work under a lease granted before the restart; only it
+                    # (its claim) may have the queue until that lease has surely run out.
+                    self.stats.refused += 1
+                    self._drop_if_empty(group)
+                    return LockOutcome.REFUSED, RESTART_GRACE_OWNER, False
+                claimed = True
+                self.stats.claimed += 1
+            self._last_holder.setdefault(group, {})[mq] = client_id  # the caller holds it (offset_owner)
+            entries[mq] = _LockEntry(client_id, now, self._new_epoch(group, mq))
             self.stats.acquired += 1
-            return LockOutcome.ACQUIRED, None
+            return LockOutcome.ACQUIRED, None, claimed
         if not self._expired(entry, now):
             if entry.client_id == client_id:
                 entry.last_update_timestamp = now
-                entry.max_live_ms = None
+                entry.release_at = None
                 self.stats.renewed += 1
-                return LockOutcome.RENEWED, None
+                return LockOutcome.RENEWED, None, False
             self.stats.refused += 1
-            return LockOutcome.REFUSED, entry.client_id
+            return LockOutcome.REFUSED, entry.client_id, False
         previous = entry.client_id
+        self._last_holder.setdefault(group, {})[mq] = client_id
         entry.client_id = client_id
         entry.last_update_timestamp = now
-        entry.max_live_ms = None
+        entry.release_at = None
         if previous == client_id:
-            # Re-locking one's own lapsed lock is a fresh acquisition, not a theft from another client.
+            # Re-locking one's own lapsed lock is a fresh acquisition, not a theft from another client; nobody
+            # held it in between, so the grant continues (same epoch).
             self.stats.acquired += 1
-            return LockOutcome.ACQUIRED, None
+            return LockOutcome.ACQUIRED, None, False
+        entry.epoch = self._new_epoch(group, mq)
         self.stats.stolen += 1
-        return LockOutcome.STOLEN, previous
+        return LockOutcome.STOLEN, previous, False
 
     def _drop_if_empty(self, group: str) -> None:
         # RocketMQ keeps empty group maps forever; dropping them keeps groups() meaningful and changes no answer.

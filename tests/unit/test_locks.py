@@ -9,9 +9,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from trimq.broker.locks import (
     DEFAULT_LOCK_MAX_LIVE_MS,
+    RESTART_GRACE_OWNER,
     LockInfo,
     LockOutcome,
     RebalanceLockManager,
+    make_epoch,
+    split_epoch,
     wall_clock_ms,
 )
 from trimq.protocol.message_queue import MessageQueue
@@ -301,8 +304,8 @@ def test_lock_table_and_counts(mgr: RebalanceLockManager, clock: FakeClock) -> N
     mgr.try_lock(G, MQ0, "B")
     clock.advance(1)
     assert mgr.lock_table(G) == [
-        LockInfo(MQ0, "B", t0 + MAX, 1, False),
-        LockInfo(MQ1, "A", t0, MAX + 1, True),
+        LockInfo(MQ0, "B", t0 + MAX, 1, False, epoch=1),
+        LockInfo(MQ1, "A", t0, MAX + 1, True, epoch=1),
     ]
     assert mgr.lock_table("unknown") == []
     assert mgr.live_lock_count(G) == 1
@@ -321,6 +324,8 @@ def test_stats_as_dict(mgr: RebalanceLockManager) -> None:
         "unlocked": 0,
         "unlock_refused": 0,
         "unlock_not_locked": 0,
+        "claimed": 0,
+        "released_on_disconnect": 0,
     }
 
 
@@ -483,20 +488,89 @@ LockMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40
 TestLockMachine = LockMachine.TestCase
 
 
-def test_orphan_client_shortens_its_locks_never_lengthens_and_a_renewal_restores_them() -> None:
+def test_a_closed_connection_releases_the_clients_locks_after_the_grace_unless_it_renews() -> None:
+    # Semantics changed with issue 14: orphan_client (32 s after the last renewal) became release_client_after
+    # (a short grace from the disconnect; docs/PROTOCOL.md "Queue-lock leases").
     clock = FakeClock()
-    m = RebalanceLockManager(max_live_ms=60_000, now_ms=clock)
+    m = RebalanceLockManager(max_live_ms=2_000, now_ms=clock, takeover_margin_ms=400)
     assert m.try_lock("g", MQ0, "c1") and m.try_lock("g2", MQ1, "c1") and m.try_lock("g", MQ1, "c2")
-    assert sorted(m.orphan_client("c1", 32_000)) == [("g", MQ0), ("g2", MQ1)]
-    assert m.orphan_client("c1", 90_000) == [("g", MQ0), ("g2", MQ1)]  # never lengthened
-    clock.advance(32_000)
-    assert not m.try_lock("g", MQ0, "c3")  # exactly 32 s: still live (strictly greater, as RocketMQ)
+    assert sorted(m.release_client_after("c1", 300)) == [("g", MQ0), ("g2", MQ1)]
+    clock.advance(100)
+    assert m.release_client_after("c1", 5_000) == [("g", MQ0), ("g2", MQ1)]  # never later than already set
+    assert [i.releasing for i in m.lock_table("g")] == [True, False]
+    clock.advance(200)
+    assert not m.try_lock("g", MQ0, "c3")  # exactly at the end of the grace: still c1's
     clock.advance(1)
-    assert m.try_lock("g", MQ0, "c3")  # taken over
+    assert m.try_lock_detailed("g", MQ0, "c3") is LockOutcome.STOLEN  # released 0.3 s after the disconnect
     assert m.live_owner("g", MQ1) == "c2"  # other clients' locks untouched
-    m.orphan_client("c2", 1_000)
-    assert m.try_lock("g", MQ1, "c2")  # its own renewal clears the shortened life
-    clock.advance(30_000)
+    m.release_client_after("c2", 300)
+    clock.advance(200)
+    assert m.try_lock("g", MQ1, "c2")  # it reconnected and renewed in time: the lock is its own again, full lease
+    clock.advance(2_400)
     assert m.live_owner("g", MQ1) == "c2"
+    assert m.drop_released() == [("g2", MQ1, "c1")]  # tidied; the taken-over entry is c3's now
+    assert m.stats.released_on_disconnect == 3
     with pytest.raises(ValueError):
-        m.orphan_client("c2", -1)
+        m.release_client_after("c2", -1)
+
+
+# ---------------------------------------------------------------------------------------------- leases (issue 14)
+
+
+def test_takeover_only_after_lease_plus_margin_and_the_owner_renews_meanwhile() -> None:
+    clock = FakeClock(0)
+    m = RebalanceLockManager(max_live_ms=2_000, now_ms=clock, takeover_margin_ms=400)
+    assert m.max_live_ms == 2_000 and m.takeover_after_ms == 2_400
+    assert m.try_lock(G, MQ0, "A")
+    clock.advance(2_400)  # the holder's lease (2 s from its send) is over, the margin is not
+    assert not m.try_lock(G, MQ0, "B")
+    assert m.live_owner(G, MQ0) == "A"
+    r = m.try_lock_batch_detailed(G, [MQ0], "A")  # a late renewal inside the margin: still continuous
+    assert r.renewed == [MQ0] and r.kept == {MQ0}
+    clock.advance(2_401)
+    assert m.try_lock_detailed(G, MQ0, "B") is LockOutcome.STOLEN
+
+
+def test_epochs_grow_per_queue_with_each_new_holder_and_renewals_keep_them() -> None:
+    clock = FakeClock(0)
+    m = RebalanceLockManager(max_live_ms=1_000, now_ms=clock, broker_epoch=7)
+    r = m.try_lock_batch_detailed(G, [MQ0, MQ1], "A")
+    assert r.epochs == {MQ0: make_epoch(7, 1), MQ1: make_epoch(7, 1)} and make_epoch(7, 1) == (7 << 32) | 1
+    assert m.try_lock_batch_detailed(G, [MQ0], "A").epochs == {MQ0: make_epoch(7, 1)}  # renewal
+    clock.advance(1_001)
+    assert m.try_lock_batch_detailed(G, [MQ0], "A").epochs == {MQ0: make_epoch(7, 1)}  # own lapsed: continuous
+    clock.advance(1_001)
+    assert m.try_lock_batch_detailed(G, [MQ0], "B").epochs == {MQ0: make_epoch(7, 2)}  # taken over
+    m.unlock_batch(G, [MQ0], "B")
+    assert m.current_epoch(G, MQ0) == make_epoch(7, 2)  # kept after the unlock (fencing)
+    assert m.try_lock_batch_detailed(G, [MQ0], "B").epochs == {MQ0: make_epoch(7, 3)}  # a new grant
+    assert m.current_epoch(G, MQ2) is None and m.current_epoch("other", MQ0) is None
+    assert split_epoch(make_epoch(7, 3)) == (7, 3)
+    # A restarted broker (a higher broker epoch, counters from 1) still grants higher epochs than before.
+    m2 = RebalanceLockManager(max_live_ms=1_000, now_ms=clock, broker_epoch=8)
+    assert m2.try_lock_batch_detailed(G, [MQ0], "C").epochs[MQ0] > make_epoch(7, 3)
+    with pytest.raises(ValueError):
+        RebalanceLockManager(broker_epoch=-1)
+
+
+def test_restart_grace_keeps_free_queues_for_their_claimants_until_the_longest_lease_has_passed() -> None:
+    clock = FakeClock(0)
+    m = RebalanceLockManager(max_live_ms=2_000, now_ms=clock, takeover_margin_ms=400, broker_epoch=2)
+    m.begin_restart_grace(2_400)
+    assert m.in_restart_grace()
+    r = m.try_lock_batch_detailed(G, [MQ0, MQ1], "B")  # nobody claimed them: B must wait out old leases
+    assert r.locked == set() and r.refused == {MQ0: RESTART_GRACE_OWNER, MQ1: RESTART_GRACE_OWNER}
+    assert m.groups() == []
+    old = make_epoch(1, 5)
+    r = m.try_lock_batch_detailed(G, [MQ0], "A", claims={MQ0: old})  # A's lease from before the restart
+    assert r.locked == {MQ0} and r.kept == {MQ0} and r.claimed == [MQ0] and r.epochs[MQ0] > old
+    assert m.stats.claimed == 1
+    assert not m.try_lock(G, MQ0, "B")  # held by its claimant now, as any live lock
+    clock.advance(2_400)
+    assert m.in_restart_grace() and not m.try_lock(G, MQ1, "B")  # the grace ends strictly after 2.4 s
+    clock.advance(1)
+    assert not m.in_restart_grace()
+    r = m.try_lock_batch_detailed(G, [MQ1], "B", claims={MQ1: old})  # after the grace a claim changes nothing
+    assert r.acquired == [MQ1] and r.kept == set() and r.claimed == []
+
+

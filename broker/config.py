@@ -81,6 +81,35 @@ class BrokerConfig:
                                                            max=64 * 1024 * 1024)
     short_polling_time_ms: int = setting(1_000, "hold time of a suspended pull when long polling is off",
                                          min=0, max=60_000)
+    # -- reclaim: expired files and a full disk (issue 20; RocketMQ's MessageStoreConfig, docs/STORAGE.md §9)
+    file_reserved_time: int = setting(72, "hours a commit-log segment is kept after its last write (RocketMQ's "
+                                          "fileReservedTime)", min=0, max=87_600)
+    delete_when: str = setting("04", "hour(s) of the day (local time, ';'-separated, e.g. \"04;16\") at which "
+                                     "expired segments are deleted (RocketMQ's deleteWhen)")
+    disk_max_used_space_ratio: int = setting(75, "percent of the store's disk in use above which expired segments "
+                                                 "are deleted at any hour (RocketMQ's diskMaxUsedSpaceRatio)",
+                                             min=10, max=95)
+    disk_space_clean_forcibly_ratio: int = setting(85, "percent of the disk in use above which segments are deleted "
+                                                       "whatever their age, oldest first (RocketMQ's system property "
+                                                       "rocketmq.broker.diskSpaceCleanForciblyRatio)", min=1, max=100)
+    disk_space_warning_level_ratio: int = setting(90, "percent of the disk in use above which sends are refused with "
+                                                      "SERVICE_NOT_AVAILABLE (RocketMQ's system property "
+                                                      "rocketmq.broker.diskSpaceWarningLevelRatio)", min=1, max=100)
+    clean_file_forcibly_enable: bool = setting(True, "above disk_space_clean_forcibly_ratio, delete segments that "
+                                                     "have not expired yet (RocketMQ's cleanFileForciblyEnable)")
+    clean_resource_interval_ms: int = setting(10_000, "how often expired files are looked for (first one minute "
+                                                      "after start; RocketMQ's cleanResourceInterval)",
+                                              min=100, max=3_600_000)
+    delete_commit_log_files_interval_ms: int = setting(100, "pause between two segment deletions of one pass "
+                                                            "(RocketMQ's deleteCommitLogFilesInterval)",
+                                                       min=0, max=60_000)
+    delete_consume_queue_files_interval_ms: int = setting(100, "pause after each queue whose files were deleted "
+                                                               "(RocketMQ's deleteConsumeQueueFilesInterval)",
+                                                          min=0, max=60_000)
+    destroy_mapedfile_interval_forcibly_ms: int = setting(120_000, "a deleted file still in use by a flush is "
+                                                                   "closed anyway after this long (RocketMQ's "
+                                                                   "destroyMapedFileIntervalForcibly)",
+                                                          min=0, max=3_600_000)
     # -- coordination: consumer groups, queue locks, consumer offsets (issue 4)
     flush_consumer_offset_interval_ms: int = setting(5_000, "persist config/consumerOffset.json this often",
                                                      min=10, max=600_000)
@@ -132,6 +161,9 @@ class BrokerConfig:
             DelayLevelTable.parse(self.message_delay_level)
         except ValueError as exc:
             raise ConfigError(f"message_delay_level = {self.message_delay_level!r}: {exc}") from None
+        for hour in self.delete_when.split(";"):
+            if not (hour.strip().isdigit() and 0 <= int(hour) <= 23):
+                raise ConfigError(f"delete_when = {self.delete_when!r}: hours 0-23 separated by ';' (e.g. \"04\")")
         if self.mapped_file_size_consume_queue % 20:
             raise ConfigError(
                 f"mapped_file_size_consume_queue = {self.mapped_file_size_consume_queue}: must be a multiple of 20"

@@ -55,6 +55,7 @@ from trimq.protocol.validation import InvalidNameError, check_topic
 log = get_logger("trimq.store")
 
 __all__ = [
+    "RECLAIM_SETTINGS",
     "GetMessageResult",
     "GetMessageStatus",
     "MessageStore",
@@ -156,6 +157,15 @@ class GetMessageResult:
     max_offset: int
     body: bytes = b""
     message_count: int = 0
+
+
+#: StoreConfig fields that BrokerConfig has under the same name (the reclaim settings, broker/store/clean.py).
+RECLAIM_SETTINGS = (
+    "file_reserved_time", "delete_when", "disk_max_used_space_ratio", "disk_space_clean_forcibly_ratio",
+    "disk_space_warning_level_ratio", "clean_file_forcibly_enable", "clean_resource_interval_ms",
+    "delete_commit_log_files_interval_ms", "delete_consume_queue_files_interval_ms",
+    "destroy_mapedfile_interval_forcibly_ms",
+)
 
 
 @dataclass(slots=True)

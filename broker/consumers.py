@@ -7,6 +7,15 @@ consume_from_where, trimq's ``consumeOrderly`` and the subscriptions). A member 
 unregisters, when its connection closes (at once) or when it has not heartbeated for
 ``channel_expired_timeout_ms`` (120 s, RocketMQ's ClientHousekeepingService; checked by ``scan_not_active``).
 
+**Membership follows the lease** (issue 14, docs/PROTOCOL.md "Queue-lock leases"): with ``lease_expiry_ms`` set,
+an *orderly* member (its heartbeat says ``consumeOrderly``) also leaves when it has neither heartbeated nor
+renewed its queue locks (``touch``, called for every LOCK_BATCH_MQ, which an orderly client sends to every
+broker every third of a lease even when it holds nothing there) for ``lease_expiry_ms``, the lease plus the
+takeover margin; and with ``disconnect_grace_ms`` set, an orderly member whose connection closed leaves that
+long after the close unless it renews or heartbeats over a new connection first. Both are checked by
+``scan_leases``. Non-orderly members keep RocketMQ's rules: they heartbeat every 30 s, so a lease-length silence
+says nothing about them. A member that left rejoins with its next heartbeat.
+
 When a consumer group's membership or a member's subscriptions change, the group is marked *dirty*; the
 coordination service drains the dirty set after a short coalescing window and pushes one
 NOTIFY_CONSUMER_IDS_CHANGED to every member, so a burst of joins costs one notification per member rather than
@@ -252,6 +261,7 @@ class ClientChannelInfo:
     version: str | None
     last_update_ms: int  # broker (monotonic) clock, drives expiry
     last_update_timestamp: int  # wall clock, for people
+    closed_at_ms: int | None = None  # broker clock: when its connection closed (orderly members wait out a grace)
 
 
 @dataclass(slots=True)
@@ -342,8 +352,14 @@ class ConsumerManager:
         now_ms: Callable[[], int],
         wall_ms: Callable[[], int] = _wall_ms,
         on_dirty: Callable[[], None] | None = None,
+        lease_expiry_ms: int = 0,
+        disconnect_grace_ms: int = 0,
     ) -> None:
+        """``lease_expiry_ms`` / ``disconnect_grace_ms``: the lease rules for orderly members (module
+        documentation); 0 turns each off (RocketMQ's rules, the ``rocketmq`` lock profile)."""
         self.channel_expired_timeout_ms = channel_expired_timeout_ms
+        self.lease_expiry_ms = lease_expiry_ms
+        self.disconnect_grace_ms = disconnect_grace_ms
         self._now_ms = now_ms
         self._wall_ms = wall_ms
         self._on_dirty = on_dirty
@@ -354,7 +370,7 @@ class ConsumerManager:
         self._consistency_reported: dict[str, tuple[Any, ...]] = {}
         #: Counters for metrics and tests.
         self.stats: dict[str, int] = {"registered": 0, "unregistered": 0, "expired": 0, "closed": 0,
-                                      "inconsistent_reports": 0}
+                                      "inconsistent_reports": 0, "lease_expired": 0}
 
     # ------------------------------------------------------------------ heartbeats and leaving
 
@@ -422,12 +438,20 @@ class ConsumerManager:
         """Forget every registration made through ``conn``; returns the (consumer group, client id) removed.
 
         A client that already heartbeated again on a newer connection is kept: only registrations whose
-        stored connection is ``conn`` go.
+        stored connection is ``conn`` go. Under the lease rules (``disconnect_grace_ms``) an orderly member is
+        not removed here but marked; ``scan_leases`` removes it once the grace has passed.
         """
         removed: list[tuple[str, str]] = []
         for group, ginfo in list(self._consumers.items()):
             for cid, member in list(ginfo.members.items()):
-                if member.conn is conn and self._remove_consumer(group, cid, reason="connection_closed"):
+                if member.conn is not conn:
+                    continue
+                if self.disconnect_grace_ms and member.consume_orderly:
+                    # Lease rules: it may reconnect and renew within the grace (scan_leases removes it after).
+                    if member.closed_at_ms is None:
+                        member.closed_at_ms = self._now_ms()
+                    continue
+                if self._remove_consumer(group, cid, reason="connection_closed"):
                     removed.append((group, cid))
                     self.stats["closed"] += 1
         for group, pinfo in list(self._producers.items()):
@@ -452,6 +476,49 @@ class ConsumerManager:
                 if now - pmember.last_update_ms > limit:
                     log.info("producer.expired", group=group, client_id=cid)
                     self._remove_producer(group, cid)
+        return removed
+
+    def touch(self, group: str, client_id: str, conn: Connection) -> bool:
+        """A lease renewal (LOCK_BATCH_MQ) by ``client_id`` for ``group`` on ``conn``: counts as a heartbeat for the
+        lease rules, and a renewal over a new connection makes that connection the member's (a reconnect within
+        the grace keeps the membership). False when the client is not a member of the group."""
+        ginfo = self._consumers.get(group)
+        member = ginfo.members.get(client_id) if ginfo is not None else None
+        if member is None:
+            return False
+        member.last_update_ms = self._now_ms()
+        if member.conn is not conn and not conn.closed:
+            log.info("consumer.reconnected", group=group, client_id=client_id, remote=conn.remote)
+            member.conn, member.address = conn, conn.remote
+            member.closed_at_ms = None
+            conn.attributes["client_id"] = client_id
+        return True
+
+    def has_open_connection(self, client_id: str, *, other_than: Connection | None = None) -> bool:
+        """True if some consumer registration of ``client_id`` uses an open connection other than ``other_than``."""
+        return any(m.conn is not other_than and not m.conn.closed
+                   for ginfo in self._consumers.values() for cid, m in ginfo.members.items() if cid == client_id)
+
+    def scan_leases(self) -> list[tuple[str, str, str]]:
+        """Apply the lease rules to orderly members (module documentation); returns (group, client id, reason)
+        for each member removed, reason ``connection_closed`` or ``lease_expired``. Strictly after the limits."""
+        if not (self.lease_expiry_ms or self.disconnect_grace_ms):
+            return []
+        now = self._now_ms()
+        removed: list[tuple[str, str, str]] = []
+        for group, ginfo in list(self._consumers.items()):
+            for cid, member in list(ginfo.members.items()):
+                if not member.consume_orderly:
+                    continue
+                if member.closed_at_ms is not None and now - member.closed_at_ms > self.disconnect_grace_ms:
+                    reason = "connection_closed"
+                elif self.lease_expiry_ms and now - member.last_update_ms > self.lease_expiry_ms:
+                    reason = "lease_expired"
+                else:
+                    continue
+                if self._remove_consumer(group, cid, reason=reason):
+                    removed.append((group, cid, reason))
+                    self.stats["closed" if reason == "connection_closed" else "lease_expired"] += 1
         return removed
 
     def _remove_consumer(self, group: str, client_id: str, *, reason: str) -> bool:

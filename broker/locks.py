@@ -357,6 +357,15 @@ class RebalanceLockManager:
 
     # ------------------------------------------------------------------ trimq's additions
 
+    def start_lifetime(self, broker_epoch: int, restart_grace_ms: int) -> None:
+        """Begin a broker lifetime: grant epochs above ``broker_epoch`` from now on (broker/store/epoch.py) and,
+        when ``restart_grace_ms`` > 0, keep free queues for their claimants that long (``begin_restart_grace``)."""
+        if isinstance(broker_epoch, bool) or not isinstance(broker_epoch, int) or not 0 <= broker_epoch < 2**31:
+            raise ValueError(f"broker_epoch must be an integer in [0, 2**31), got {broker_epoch!r}")
+        self._broker_epoch = broker_epoch
+        if restart_grace_ms > 0:
+            self.begin_restart_grace(restart_grace_ms)
+
     def begin_restart_grace(self, grace_ms: int) -> None:
         """Keep free queues for their claimants for ``grace_ms`` from now (call when the broker starts serving).
 

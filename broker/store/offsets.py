@@ -9,10 +9,15 @@ Two deliberate differences from RocketMQ:
 * **Deterministic start** (DESIGN.md §6.3): a queue with no stored offset answers -1 (QUERY_NOT_FOUND on the
   wire) always, so the client's ``consume_from_where`` decides. RocketMQ answers 0 instead when the queue's
   min offset is 0 and its first message is still in memory, which makes new groups replay old messages.
-* **Fencing** (DESIGN.md §6.2): for a group consuming orderly, an update for a queue whose *live* broker lock
-  belongs to another client is refused, logged (rate-limited) and counted in ``fenced_updates``. A paused
-  ex-owner cannot rewind a queue that someone else now consumes. A queue nobody holds live accepts updates
-  from anyone (RocketMQ compatibility: concurrent consumers never lock).
+* **Fencing by epoch** (DESIGN.md §6.9, issue 14): an update carrying a lock epoch (the fencing token of the
+  lock grant its sender consumed under, broker/locks.py) is refused when that epoch is older than the
+  queue's latest grant: a paused or cut-off ex-holder cannot rewind a queue whose lock has been granted to
+  someone since, whatever the lock table says now. Refusals are logged (rate-limited) and counted in
+  ``fenced_updates``.
+* **Fencing by owner** (DESIGN.md §6.2), for updates without an epoch (pull commit offsets, older clients):
+  for a group consuming orderly, an update for a queue whose *live* broker lock belongs to another client is
+  refused the same way. A queue nobody holds live accepts them from anyone (RocketMQ compatibility:
+  concurrent consumers never lock).
 
 Pure bookkeeping apart from ``load`` / ``persist`` (blocking file I/O, which the service runs in a thread):
 no trio import, time injected.
@@ -46,6 +51,8 @@ class _LockView(Protocol):
     def live_owner(self, group: str, mq: MessageQueue) -> str | None: ...
 
     def offset_owner(self, group: str, mq: MessageQueue) -> str | None: ...
+
+    def current_epoch(self, group: str, mq: MessageQueue) -> int | None: ...
 
 
 class _StoreView(Protocol):
@@ -162,12 +169,22 @@ class ConsumerOffsetManager:
             return None
         return owner
 
+    def stale_epoch(self, group: str, topic: str, queue_id: int, lock_epoch: int | None) -> int | None:
+        """The queue's latest grant epoch when ``lock_epoch`` is older than it (the update must be refused),
+        else None (also when no epoch is given or the queue was not locked since the broker started)."""
+        if lock_epoch is None or self.lock_manager is None:
+            return None
+        current = self.lock_manager.current_epoch(group, MessageQueue(topic, self.broker_name, queue_id))
+        return current if current is not None and lock_epoch < current else None
+
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, client_id: str | None, *,
-                      source: str) -> bool:
+                      source: str, lock_epoch: int | None = None) -> bool:
         """Store ``offset`` for the queue unless fenced; False (and counted, logged rate-limited) when fenced.
 
         ``source`` says where the update came from (``update`` for UPDATE_CONSUMER_OFFSET, ``pull`` for a
-        pull's commit offset, ...) for the logs.
+        pull's commit offset, ...) for the logs. ``lock_epoch``: the fencing epoch the sender consumed under;
+        given, the update is judged by it alone (``stale_epoch``), otherwise by the lock's owner
+        (``fencing_owner``).
 
         A pull's commit offset only ever moves the stored offset forward (an older one is ignored, True
         returned). It is the client's progress as of when the pull was sent, and the broker runs a
@@ -176,15 +193,27 @@ class ConsumerOffsetManager:
         make its next owner consume N..N+k-1 again (found by the chaos suite). Explicit updates may rewind.
         """
         _check_offset(offset)
-        owner = self.fencing_owner(group, topic, queue_id, client_id)
-        if owner is not None:
-            self.fenced_updates[group] += 1
-            log_rate_limited(
-                self._fenced_log, (group, topic, queue_id, client_id), self._now_ms(), log.warning, "offset.fenced",
-                group=group, topic=topic, queue_id=queue_id, offset=offset, client_id=client_id, owner=owner,
-                source=source, fenced_total=self.fenced_updates[group],
-            )
-            return False
+        if lock_epoch is not None:
+            current = self.stale_epoch(group, topic, queue_id, lock_epoch)
+            if current is not None:
+                self.fenced_updates[group] += 1
+                log_rate_limited(
+                    self._fenced_log, (group, topic, queue_id, client_id), self._now_ms(), log.warning,
+                    "offset.fenced", group=group, topic=topic, queue_id=queue_id, offset=offset, client_id=client_id,
+                    lock_epoch=lock_epoch, current_epoch=current, source=source,
+                    fenced_total=self.fenced_updates[group],
+                )
+                return False
+        else:
+            owner = self.fencing_owner(group, topic, queue_id, client_id)
+            if owner is not None:
+                self.fenced_updates[group] += 1
+                log_rate_limited(
+                    self._fenced_log, (group, topic, queue_id, client_id), self._now_ms(), log.warning,
+                    "offset.fenced", group=group, topic=topic, queue_id=queue_id, offset=offset, client_id=client_id,
+                    owner=owner, source=source, fenced_total=self.fenced_updates[group],
+                )
+                return False
         if source == "pull" and offset < self.query_offset(group, topic, queue_id):
             self.stale_pull_commits += 1
             return True

@@ -1,0 +1,98 @@
+"""The broker epoch: a number stored in ``<store>/config/brokerEpoch.json`` that grows with every broker start.
+
+It is the high half of every queue-lock fencing epoch the broker grants (broker/locks.py,
+``(broker_epoch << 32) | counter``): lock tables live in memory and their counters restart from 1, so without
+it a grant after a restart could compare lower than one before. The HA issue increments it on a slave's
+promotion too (:meth:`BrokerEpochStore.bump`).
+
+The file also remembers the longest takeover time (lease + margin, ms) any lifetime of this store has granted
+locks with: a restarted broker keeps free queues for their claimants that long (the restart grace,
+docs/PROTOCOL.md "Queue-lock leases"), whatever its own lease setting is now.
+
+The file is written atomically and fsynced *before* the broker grants anything, so a crash can never reuse
+an epoch. Blocking file I/O: the coordination service runs :meth:`BrokerEpochStore.begin` in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from trimq.broker.store.atomic import read_json, write_json_atomic
+
+__all__ = ["BrokerEpochError", "BrokerEpochStore", "EpochStart", "epoch_file_path"]
+
+#: Broker epochs fit the high 31 bits of a non-negative int64 fencing epoch.
+MAX_BROKER_EPOCH = 2**31 - 1
+
+
+class BrokerEpochError(ValueError):
+    """The epoch file exists but does not hold a broker epoch."""
+
+
+def epoch_file_path(store_dir: str) -> str:
+    """``<store>/config/brokerEpoch.json``."""
+    return os.path.join(store_dir, "config", "brokerEpoch.json")
+
+
+@dataclass(frozen=True, slots=True)
+class EpochStart:
+    """What :meth:`BrokerEpochStore.begin` found and wrote.
+
+    ``broker_epoch`` is this lifetime's epoch; ``restart_grace_ms`` how long free queues are kept for their
+    claimants (0 on a store's first start: nobody can hold a lease on a broker that never granted one).
+    """
+
+    broker_epoch: int
+    restart_grace_ms: int
+    first_start: bool
+
+
+class BrokerEpochStore:
+    """Reads, increments and persists the broker epoch of one store (``path`` None: memory only, tests)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.broker_epoch = 0
+        self.max_takeover_ms = 0
+
+    def _read(self) -> dict[str, Any] | None:
+        if self.path is None:
+            return None
+        data = read_json(self.path, None)
+        if data is None:
+            return None
+        epoch = data.get("brokerEpoch") if isinstance(data, dict) else None
+        longest = data.get("maxTakeoverMs", 0) if isinstance(data, dict) else None
+        for name, value in (("brokerEpoch", epoch), ("maxTakeoverMs", longest)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise BrokerEpochError(f"{self.path}: {name} must be a non-negative integer, got {value!r}")
+        assert isinstance(data, dict)
+        return data
+
+    def _write(self) -> None:
+        if self.path is not None:
+            write_json_atomic(self.path, {"brokerEpoch": self.broker_epoch, "maxTakeoverMs": self.max_takeover_ms})
+
+    def begin(self, takeover_after_ms: int) -> EpochStart:
+        """Start a broker lifetime that grants locks taken over after ``takeover_after_ms``: increment the epoch,
+        remember the longest takeover time, persist both (blocking, fsync). Returns the epoch and the grace."""
+        data = self._read()
+        previous_epoch = int(data["brokerEpoch"]) if data is not None else 0
+        previous_longest = int(data.get("maxTakeoverMs", 0)) if data is not None else 0
+        if previous_epoch >= MAX_BROKER_EPOCH:
+            raise BrokerEpochError(f"{self.path}: brokerEpoch {previous_epoch} cannot grow any more")
+        self.broker_epoch = previous_epoch + 1
+        self.max_takeover_ms = max(previous_longest, takeover_after_ms)
+        self._write()
+        # The grace covers what the *previous* lifetimes granted; a store's first start has nothing to wait for.
+        return EpochStart(self.broker_epoch, previous_longest if data is not None else 0, data is None)
+
+    def bump(self) -> int:
+        """Increment the epoch during a lifetime (the HA issue's promotion of a slave); persists; returns it."""
+        if self.broker_epoch >= MAX_BROKER_EPOCH:
+            raise BrokerEpochError(f"{self.path}: brokerEpoch {self.broker_epoch} cannot grow any more")
+        self.broker_epoch += 1
+        self._write()
+        return self.broker_epoch

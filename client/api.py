@@ -38,6 +38,7 @@ __all__ = [
     "ClusterInfo",
     "ConsumerData",
     "HeartbeatData",
+    "LockBatchAnswer",
     "MQClientAPI",
     "PullResult",
     "PullStatus",
@@ -206,6 +207,24 @@ class TopicConfig:
 class ClusterInfo:
     broker_addr_table: Mapping[str, BrokerData]
     cluster_addr_table: Mapping[str, frozenset[str]]
+
+
+@dataclass(slots=True)
+class LockBatchAnswer:
+    """A LOCK_BATCH_MQ answer with trimq's lease fields (docs/PROTOCOL.md "Queue-lock leases").
+
+    ``held``: the queues now locked by the caller; ``kept``: those nobody else held since its previous lock
+    (None from a broker that does not say); ``epochs``: the fencing epoch of each held queue (empty from a
+    broker that does not grant epochs); ``lease_ms``: how long the caller may rely on the locks, counted from
+    when it sent the request (None: the broker does not say); ``member``: False when the broker does not count
+    the caller as a member of the group (it must heartbeat again), None when the broker does not say.
+    """
+
+    held: set[MessageQueue]
+    kept: set[MessageQueue] | None = None
+    epochs: dict[MessageQueue, int] = field(default_factory=dict)
+    lease_ms: int | None = None
+    member: bool | None = None
 
 
 @dataclass(slots=True)
@@ -583,14 +602,18 @@ class MQClientAPI:
         *,
         oneway: bool = False,
         timeout_ms: int | None = None,
+        lock_epoch: int | None = None,
     ) -> None:
-        """UPDATE_CONSUMER_OFFSET. A fenced update raises NoPermissionError (not with ``oneway``)."""
+        """UPDATE_CONSUMER_OFFSET. A fenced update raises NoPermissionError (not with ``oneway``). ``lock_epoch``
+        (trimq): the fencing epoch of the queue lock the offset was consumed under; the broker refuses the
+        update when the queue's lock has been granted with a newer epoch since."""
         ext = {
             "consumerGroup": consumer_group,
             "topic": mq.topic,
             "queueId": mq.queue_id,
             "commitOffset": offset,
             "clientId": client_id,
+            "lockEpoch": lock_epoch,
         }
         if oneway:
             await self.invoke_oneway(addr, RequestCode.UPDATE_CONSUMER_OFFSET, ext)
@@ -741,6 +764,45 @@ class MQClientAPI:
         held = _mq_list(m.get("lockOKMQSet"), "LOCK_BATCH_MQ", addr)
         kept = m.get("keptMQSet")
         return held, None if kept is None else _mq_list(kept, "LOCK_BATCH_MQ", addr) & held
+
+    async def lock_batch_mq_lease(
+        self,
+        addr: str,
+        consumer_group: str,
+        client_id: str,
+        mqs: Iterable[MessageQueue],
+        *,
+        claims: Mapping[MessageQueue, int] | None = None,
+        timeout_ms: int | None = 1000,
+    ) -> LockBatchAnswer:
+        """LOCK_BATCH_MQ with trimq's lease fields: ``claims`` maps queues to the epoch this client still holds
+        them under (its own clock says the lease has not run out), which a restarted broker honours during its
+        restart grace. An empty ``mqs`` renews the client's group membership only."""
+        body: dict[str, Any] = {"consumerGroup": consumer_group, "clientId": client_id,
+                                "mqSet": [m.to_wire() for m in mqs]}
+        if claims:
+            body["claims"] = [{**mq.to_wire(), "lockEpoch": epoch} for mq, epoch in sorted(claims.items())]
+        resp = await self.invoke(addr, RequestCode.LOCK_BATCH_MQ, body=body, timeout_ms=timeout_ms)
+        what = "LOCK_BATCH_MQ"
+        m = _map(resp.body, what, addr, "body")
+        ok_raw = m.get("lockOKMQSet") or []
+        held = _mq_list(ok_raw, what, addr)
+        kept_raw = m.get("keptMQSet")
+        kept = None if kept_raw is None else _mq_list(kept_raw, what, addr) & held
+        epochs: dict[MessageQueue, int] = {}
+        raw_epochs = m.get("lockEpochs")
+        if raw_epochs is not None:
+            if (not isinstance(raw_epochs, list) or len(raw_epochs) != len(ok_raw)
+                    or not all(type(e) is int and e >= 0 for e in raw_epochs)):
+                raise _malformed(what, addr, "lockEpochs must be one non-negative integer per lockOKMQSet entry")
+            epochs = {MessageQueue.from_wire(q): e for q, e in zip(ok_raw, raw_epochs, strict=True)}
+        lease = m.get("leaseMs")
+        if lease is not None and (type(lease) is not int or lease <= 0):
+            raise _malformed(what, addr, f"leaseMs must be a positive integer, got {lease!r}")
+        member = m.get("member")
+        if member is not None and not isinstance(member, bool):
+            raise _malformed(what, addr, f"member must be true or false, got {member!r}")
+        return LockBatchAnswer(held, kept, epochs, lease, member)
 
     async def unlock_batch_mq(
         self,

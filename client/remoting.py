@@ -125,6 +125,7 @@ class _Channel:
         self.pending.clear()
         if self.client._channels.get(self.addr) is self:
             del self.client._channels[self.addr]
+        self.client._connection_closed(self.addr)
 
     async def _writer(self) -> None:
         try:
@@ -207,6 +208,7 @@ class RemotingClient:
         self._opaques = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._closed = False
+        self._close_listeners: list[Callable[[str], None]] = []
 
     async def __aenter__(self) -> RemotingClient:
         self._nursery_manager = trio.open_nursery()
@@ -222,6 +224,19 @@ class RemotingClient:
         for ch in list(self._channels.values()):
             ch.close()
         return await self._nursery_manager.__aexit__(exc_type, exc, tb)
+
+    def add_close_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(addr)`` (synchronously, from the task that noticed) whenever a connection closes: the
+        peer closed it, it broke, or :meth:`close_address` closed it. Orderly consumers stop starting batches
+        of a broker's queues at that moment (their lease may be gone; client.rebalance.impl)."""
+        self._close_listeners.append(listener)
+
+    def _connection_closed(self, addr: str) -> None:
+        for listener in list(self._close_listeners):
+            try:
+                listener(addr)
+            except Exception:
+                log.exception("connection.close_listener_failed", addr=addr)
 
     def register_handler(self, code: int, handler: ServerRequestHandler) -> None:
         """Handle requests the server pushes to us with ``code``: ``handler(cmd, addr) -> response | None``."""

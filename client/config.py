@@ -209,10 +209,16 @@ class PushConsumerConfig(ClientConfig):
     consumer_timeout_millis_when_suspend: int = setting(30_000, "client timeout of a long-polling pull",
                                                         min=1, max=600_000)
     # Lock and idle constants (ProcessQueue / RebalancePushImpl system properties).
-    rebalance_lock_interval: int = setting(20_000, "orderly: renew the broker locks of all queues this often",
-                                           min=10, max=600_000)
+    lock_profile: str = setting("lease", "orderly: 'lease' (queue locks are leases the broker grants, renewed by a "
+                                "task of their own every third of the lease and counted from when the renewal "
+                                "was sent; a queue stops when its broker connection drops) or 'rocketmq' "
+                                "(RocketMQ 4.9.3's clocks: rebalance_lock_interval, rebalance_lock_max_live_time)",
+                                choices=("lease", "rocketmq"))
+    rebalance_lock_interval: int = setting(20_000, "orderly, rocketmq profile: renew the broker locks of all queues "
+                                           "this often", min=10, max=600_000)
     rebalance_lock_max_live_time: int = setting(30_000, "orderly: a queue lock not renewed for this long "
-                                                "is treated as lost", min=10, max=600_000)
+                                                "is treated as lost (lease profile: the broker's lease, if shorter, "
+                                                "counted from the renewal's send time)", min=10, max=600_000)
     pull_max_idle_time: int = setting(120_000, "a queue not pulled for this long is dropped and re-created",
                                       min=10, max=86_400_000)
     unlock_delay_time_mills: int = setting(0, "orderly: delay before unlocking a removed queue that still "

@@ -1,5 +1,7 @@
 """ConsumerCore: a push consumer without its consume service — subscriptions, rebalance, pull loops,
-offset store, and (orderly, clustering) the periodic renewal of broker locks.
+offset store, and (orderly, clustering) the renewal of broker locks: leases renewed by the client instance's
+renewal task (:meth:`ConsumerCore.renew_leases`, ``lock_profile="lease"``), or RocketMQ's periodic lockAll
+(``lock_profile="rocketmq"``).
 
 The push consumer builds on it with a consume service (orderly or concurrent) that receives pulled
 messages through ``submit`` (see :class:`client.pull.ConsumeService`)::
@@ -106,6 +108,7 @@ class ConsumerCore:
         )
         self.rebalance.pull_service = self.pull_service
         self.rebalance.on_stale_queue = instance.rebalance_immediately  # re-create it from the committed offset
+        self.rebalance.on_relocked = self._relocked
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
         self._running = False
@@ -175,6 +178,32 @@ class ConsumerCore:
 
         self._nursery.start_soon(retry)
 
+    # --- leases (ClientInstance's renewal task) --------------------------------------------------------
+
+    @property
+    def lease_renewal(self) -> bool:
+        """Whether the client instance renews this consumer's queue locks as leases (orderly, clustering, the
+        ``lease`` lock profile)."""
+        return (self._running and self._consume_orderly and self.config.clustering and self.renew_locks
+                and self.rebalance.lease_profile)
+
+    async def renew_leases(self, addr: str, broker_names: list[str]) -> Any:
+        """Renew the leases held on the brokers whose master is ``addr`` (and this consumer's membership there);
+        returns the broker's answer (client.api.LockBatchAnswer) or None."""
+        return await self.rebalance.renew_leases(addr, broker_names)
+
+    def broker_connection_lost(self, broker_names: list[str]) -> None:
+        """The connection to these brokers' master dropped: their queues stop until they are locked again."""
+        if self._consume_orderly and self.config.clustering:
+            self.rebalance.broker_connection_lost(broker_names)
+
+    def _relocked(self, mq: MessageQueue, pq: Any) -> None:
+        # A queue that had stopped (lapsed lease, dropped connection) is locked again: pull and consume now rather
+        # than after their retry delays (3 s for a pull of an unlocked queue).
+        self.pull_service.wake(pq)
+        if pq.has_temp_message():
+            self.consume_service.submit(pq, [], True, message_queue=mq)
+
     async def persist_consumer_offset(self) -> None:
         """Send the in-memory offsets to the brokers. An orderly consumer sends only those of queues whose lock
         it still holds: after its lock lapsed (a pause), another client may own the queue's progress, and the
@@ -228,7 +257,8 @@ class ConsumerCore:
         self.pull_service.bind(self._nursery)
         self._running = True
         try:
-            if self._consume_orderly and self.config.clustering and self.renew_locks:
+            lock_all = self._consume_orderly and self.config.clustering and self.renew_locks
+            if lock_all and not self.rebalance.lease_profile:  # leases: the instance's renewal task renews them
                 self._nursery.start_soon(self._lock_all_loop)
             await self.instance.register_consumer(self)
         except BaseException as exc:

@@ -14,6 +14,11 @@ addresses, and the timers, all as tasks in one nursery::
 * consumers rebalance every ``rebalance_interval`` (20 s) and **immediately** when a broker pushes
   NOTIFY_CONSUMER_IDS_CHANGED (a member joined or left); requests arriving during a rebalance are
   coalesced into one more pass;
+* orderly consumers' queue locks are **leases** (issue 14): a renewal task of their own, independent of
+  consumption, sends one LOCK_BATCH_MQ per broker (and orderly group) every third of the lease the broker
+  grants (2 s by default), covering every queue held there — the request also keeps the consumer a member of
+  its group on that broker, so it goes to brokers where nothing is held too; when a connection to a broker
+  drops, the consumers stop that broker's queues at once and the renewal task re-locks them;
 * consumer offsets are persisted every ``persist_consumer_offset_interval`` (5 s).
 
 Leaving the ``async with`` block cancels every task; producers and consumers unregister themselves
@@ -63,8 +68,10 @@ from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import is_retry_topic
 
 __all__ = [
+    "DEFAULT_LEASE_MS",
     "ClientInstance",
     "ConsumerInner",
+    "LeaseHolder",
     "ProducerInner",
     "TopicPublishInfo",
     "build_client_id",
@@ -75,6 +82,8 @@ log = get_logger("trimq.client")
 
 MASTER_ID = 0
 _LIVE_CLIENT_IDS: set[str] = set()
+#: The lease assumed until a broker says (its LOCK_BATCH_MQ answers carry ``leaseMs``): trimq's default.
+DEFAULT_LEASE_MS = 2000
 
 
 def local_ip() -> str:
@@ -166,6 +175,21 @@ class ConsumerInner(Protocol):
     async def persist_consumer_offset(self) -> None: ...
 
 
+@runtime_checkable
+class LeaseHolder(Protocol):
+    """A consumer whose queue locks the instance's renewal task renews (client.consumer_core.ConsumerCore)."""
+
+    @property
+    def group_name(self) -> str: ...
+
+    @property
+    def lease_renewal(self) -> bool: ...
+
+    async def renew_leases(self, addr: str, broker_names: list[str]) -> Any: ...
+
+    def broker_connection_lost(self, broker_names: list[str]) -> None: ...
+
+
 class ClientInstance:
     """Routes, broker addresses, heartbeats, rebalance and offset timers for one process (see module doc)."""
 
@@ -204,6 +228,11 @@ class ClientInstance:
         self._route_lock = trio.Lock()
         self._heartbeat_lock = trio.Lock()
         self._rebalance_wakeup = trio.Event()
+        self._heartbeat_wakeup = trio.Event()
+        self._lease_wakeup = trio.Event()
+        self._lease_ms_by_addr: dict[str, int] = {}
+        self.lease_renewals = 0
+        """LOCK_BATCH_MQ renewals sent by the renewal task."""
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
         self._running = False
@@ -254,11 +283,15 @@ class ClientInstance:
             raise
         self._stack = stack
         self.remoting.register_handler(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_consumer_ids_changed)
+        add_close_listener = getattr(self.remoting, "add_close_listener", None)
+        if add_close_listener is not None:
+            add_close_listener(self._on_connection_closed)
         self._running = True
         self._nursery.start_soon(self._route_loop)
         self._nursery.start_soon(self._heartbeat_loop)
         self._nursery.start_soon(self._rebalance_loop)
         self._nursery.start_soon(self._persist_loop)
+        self._nursery.start_soon(self._lease_loop)
         log.info("client.started", client_id=self._client_id, namesrv=self.config.namesrv_addr)
         return self
 
@@ -310,6 +343,7 @@ class ClientInstance:
             await self.update_topic_route_info_from_name_server(sub.topic)
         await self.send_heartbeat_to_all_brokers()
         self.rebalance_immediately()
+        self._lease_wakeup.set()  # an orderly consumer's membership is kept alive by lease renewals from now on
 
     async def unregister_consumer(self, group: str) -> None:
         """Remove a consumer group and tell every broker (UNREGISTER_CLIENT), so the others rebalance."""
@@ -585,10 +619,77 @@ class ClientInstance:
             await trio.sleep(self.config.poll_name_server_interval / 1000)
             await self.update_all_topic_routes()
 
+    def heartbeat_immediately(self) -> None:
+        """Wake the heartbeat loop now (a broker said this client is no longer a member of a group)."""
+        self._heartbeat_wakeup.set()
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await self.send_heartbeat_to_all_brokers()
-            await trio.sleep(self.config.heartbeat_broker_interval / 1000)
+            with trio.move_on_after(self.config.heartbeat_broker_interval / 1000):
+                await self._heartbeat_wakeup.wait()
+            self._heartbeat_wakeup = trio.Event()
+
+    # --- leases ------------------------------------------------------------------------------------
+
+    def _lease_holders(self) -> list[LeaseHolder]:
+        return [c for c in list(self.consumers.values())
+                if isinstance(c, LeaseHolder) and c.lease_renewal]
+
+    def _master_names(self, addr: str) -> list[str]:
+        """The brokers whose master is ``addr``."""
+        return sorted(name for name, addrs in self.broker_addr_table.items() if addrs.get(MASTER_ID) == addr)
+
+    def lease_interval_s(self) -> float:
+        """How often the renewal task renews: a third of the shortest lease the brokers grant."""
+        lease = min(self._lease_ms_by_addr.values(), default=DEFAULT_LEASE_MS)
+        return max(lease, 30) / 3 / 1000
+
+    async def _lease_loop(self) -> None:
+        # One LOCK_BATCH_MQ per broker address and orderly group per interval, each as its own task so a broker
+        # that does not answer (a partition) delays nobody else; at most one in flight per (address, group).
+        in_flight: set[tuple[str, str]] = set()
+        async with trio.open_nursery() as renewals:
+            while True:
+                holders = self._lease_holders()
+                for addr in self._all_broker_addrs(masters_only=False):
+                    names = self._master_names(addr)
+                    for consumer in holders:
+                        key = (addr, consumer.group_name)
+                        if key not in in_flight:
+                            in_flight.add(key)
+                            renewals.start_soon(self._renew_one, consumer, addr, names, in_flight, key)
+                with trio.move_on_after(self.lease_interval_s() if holders else 3600):
+                    await self._lease_wakeup.wait()
+                self._lease_wakeup = trio.Event()
+
+    async def _renew_one(self, consumer: LeaseHolder, addr: str, names: list[str], in_flight: set[tuple[str, str]],
+                         key: tuple[str, str]) -> None:
+        try:
+            self.lease_renewals += 1
+            answer = await consumer.renew_leases(addr, names)
+            if answer is None:
+                return
+            if answer.lease_ms:
+                self._lease_ms_by_addr[addr] = answer.lease_ms
+            if answer.member is False:
+                log.info("lease.not_a_member", client_id=self.client_id, group=consumer.group_name, broker=addr)
+                self.heartbeat_immediately()  # rejoin the group (after a pause or a partition)
+        except Exception:
+            log.exception("lease.renew_failed", group=consumer.group_name, addr=addr)
+        finally:
+            in_flight.discard(key)
+
+    def _on_connection_closed(self, addr: str) -> None:
+        # Called by the transport the moment a connection closes: the broker may release this client's locks
+        # after its short disconnect grace, so stop that broker's queues now and re-lock them at once.
+        names = self._master_names(addr)
+        if not names:
+            return
+        for consumer in list(self.consumers.values()):
+            if isinstance(consumer, LeaseHolder) and consumer.lease_renewal:
+                consumer.broker_connection_lost(names)
+        self._lease_wakeup.set()
 
     async def _rebalance_loop(self) -> None:
         while True:

@@ -8,6 +8,11 @@
   written atomically (temp file, fsync, rename, fsync of the directory; the previous version is kept as
   ``.bak`` and used when the main file is unreadable).
 
+Orderly consumers fence their commits (issue 14): the rebalance tells the remote store the fencing epoch of
+each queue lock it holds (:meth:`RemoteBrokerOffsetStore.set_lock_epoch`), and every UPDATE_CONSUMER_OFFSET of
+that queue carries it (``lockEpoch``), so the broker refuses a commit made under a lock that has since been
+granted to someone else.
+
 ``read_offset`` returns the offset, ``-1`` when none is stored, ``-2`` when it could not be read (broker
 unreachable or answering an error). Unlike RocketMQ 4.9.3, a broker *error* other than QUERY_NOT_FOUND
 is -2, not -1, so a transient failure is never mistaken for "new group, start from the configured place".
@@ -148,6 +153,19 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         self.fenced_updates = 0
         self._rate = RateLimiter(10_000)
         self._persist_locks: dict[MessageQueue, trio.Lock] = {}
+        self._lock_epochs: dict[MessageQueue, int] = {}
+
+    def set_lock_epoch(self, mq: MessageQueue, epoch: int | None) -> None:
+        """The fencing epoch of the lock under which ``mq``'s cached offset is (and will be) consumed; sent with
+        every commit of ``mq`` (None: commits carry none, as for concurrent consumers)."""
+        if epoch is None:
+            self._lock_epochs.pop(mq, None)
+        else:
+            self._lock_epochs[mq] = epoch
+
+    def lock_epoch(self, mq: MessageQueue) -> int | None:
+        """The epoch commits of ``mq`` carry, or None."""
+        return self._lock_epochs.get(mq)
 
     async def load(self) -> None:
         """Nothing to load: offsets are read from the broker when a queue is assigned."""
@@ -182,12 +200,20 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         return addr
 
     async def update_consume_offset_to_broker(self, mq: MessageQueue, offset: int) -> bool:
-        """UPDATE_CONSUMER_OFFSET; False (and logged, counted) when the broker fenced the update."""
+        """UPDATE_CONSUMER_OFFSET (with the queue's lock epoch, if any); False (and logged, counted) when the
+        broker fenced the update."""
         addr = await self._addr(mq)
+        epoch = self._lock_epochs.get(mq)
         try:
-            await self.broker.api.update_consumer_offset(
-                addr, self.consumer_group, mq, offset, self.broker.client_id, timeout_ms=self.timeout_ms
-            )
+            if epoch is None:
+                await self.broker.api.update_consumer_offset(
+                    addr, self.consumer_group, mq, offset, self.broker.client_id, timeout_ms=self.timeout_ms
+                )
+            else:
+                await self.broker.api.update_consumer_offset(
+                    addr, self.consumer_group, mq, offset, self.broker.client_id, timeout_ms=self.timeout_ms,
+                    lock_epoch=epoch,
+                )
         except NoPermissionError as exc:
             self.fenced_updates += 1
             log_rate_limited(
@@ -245,8 +271,9 @@ class RemoteBrokerOffsetStore(_MemoryOps):
                 )
 
     def remove_offset(self, mq: MessageQueue) -> None:
-        """Forget ``mq``'s cached offset (after persisting it, when the queue is given away)."""
+        """Forget ``mq``'s cached offset and lock epoch (after persisting it, when the queue is given away)."""
         self.table.remove(mq)
+        self._lock_epochs.pop(mq, None)
 
 
 def default_local_offset_dir(store_id: str, consumer_group: str, base_dir: str = "") -> Path:

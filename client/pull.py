@@ -102,6 +102,7 @@ class PullService:
         self.paused = False
         self.nursery: trio.Nursery | None = None
         self._scopes: dict[int, trio.CancelScope] = {}
+        self._naps: dict[int, trio.CancelScope] = {}
         self._rate = RateLimiter(10_000)
         self.stats: dict[str, int] = {"pulls": 0, "found": 0, "messages": 0, "no_new": 0, "errors": 0,
                                       "flow_control": 0, "filtered_out": 0, "offset_illegal": 0}
@@ -129,6 +130,13 @@ class PullService:
         if scope is not None:
             scope.cancel()
 
+    def wake(self, process_queue: ProcessQueue) -> None:
+        """Pull ``process_queue`` now if its loop is waiting out a delay (e.g. the 3 s retry of a queue that was
+        not locked, when its lock is back)."""
+        nap = self._naps.get(id(process_queue))
+        if nap is not None:
+            nap.cancel()
+
     def cancel_all(self) -> None:
         for scope in self._scopes.values():
             scope.cancel()
@@ -151,13 +159,17 @@ class PullService:
                     if delay is None:
                         break
                     if delay > 0:
-                        await trio.sleep(delay)
+                        with trio.move_on_after(delay) as nap:  # wake() ends it early
+                            self._naps[id(pq)] = nap
+                            await trio.sleep_forever()
+                        self._naps.pop(id(pq), None)
                     elif self._answered == answered:
                         # no answer came (so perhaps no wait at all): let the others run before trying again
                         await trio.lowlevel.checkpoint()
         finally:
             if self._scopes.get(id(pq)) is scope:
                 del self._scopes[id(pq)]
+                self._naps.pop(id(pq), None)
 
     def _later(self, ms: int) -> float:
         return ms / 1000

@@ -155,6 +155,11 @@ class ConsumeOrderlyContext:
     """False enables the deprecated COMMIT / ROLLBACK protocol (SUCCESS then commits nothing)."""
     suspend_current_queue_time_millis: int = -1
     """Pause after SUSPEND for this batch; -1 = the consumer's ``suspend_current_queue_time_millis``."""
+    lock_epoch: int | None = None
+    """The fencing token of the queue lock this batch runs under (CLUSTERING with a trimq broker; None otherwise):
+    it only grows per (group, queue), across broker restarts too, so a service that stores it with what it
+    writes for this queue can refuse writes carrying an older one, e.g. those of a paused ex-holder that wakes
+    up after the queue moved (docs/EMBEDDING.md "Fencing your own writes")."""
 
 
 @dataclass

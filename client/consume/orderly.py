@@ -2,9 +2,12 @@
 
 RocketMQ 4.9.3's service (ROCKETMQ_FACTS.md §5) on trio. The three locks:
 
-1. the broker's queue lock (LOCK_BATCH_MQ), renewed for every held queue by the consumer core's lock-all
-   loop (1 s after start, then every ``rebalance_lock_interval``); this service re-locks one queue when it
-   finds its lock missing or expired;
+1. the broker's queue lock (LOCK_BATCH_MQ): a lease renewed for every held queue by the client instance's
+   renewal task every third of the lease (``lock_profile="rocketmq"``: by the consumer core's lock-all loop, 1 s
+   after start, then every ``rebalance_lock_interval``); no batch starts once the lease, counted from the
+   renewal's send time, has run out, nor while the queue's broker connection is down; this service re-locks
+   one queue when it finds its lock missing or expired; each batch's context carries the lock's fencing epoch
+   (``context.lock_epoch``);
 2. one consume task per message queue at a time (a ``trio.Lock`` per queue, RocketMQ's MessageQueueLock);
 3. the process queue's consume lock around each listener call, which a rebalance takes (waiting at most
    ``consume_lock_wait_millis``) before it unlocks a removed queue on the broker.
@@ -223,7 +226,10 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
         committed, so a rebalance that removes the queue never persists an offset older than what was
         consumed before it unlocks the queue on the broker (RocketMQ releases it before processing the result).
         """
-        context = ConsumeOrderlyContext(mq)
+        # The fencing token of the lock this batch starts under (issue 14): read with the usability check below.
+        epoch_of = getattr(self.rebalance, "lock_epoch", None) if self.clustering else None
+        epoch = epoch_of(mq) if epoch_of is not None else None
+        context = ConsumeOrderlyContext(mq, lock_epoch=epoch)
         hook_ctx = self.hook_context(mq, msgs) if self.hooks else None
 
         async def before() -> None:

@@ -17,6 +17,17 @@ RocketMQ 4.9.3's RebalanceImpl + RebalancePushImpl, on trio:
 * :meth:`message_queue_changed` bumps the subscription version, splits the per-topic pull thresholds
   over the queues held, and asks for a heartbeat.
 
+**Leases** (issue 14, ``lock_profile="lease"``, the default; docs/PROTOCOL.md "Queue-lock leases"): a broker
+lock is a lease the broker grants for ``leaseMs``; the client counts it from when it *sent* the request that
+got it, never believes it longer than ``rebalance_lock_max_live_time``, and the consume services start no batch
+of a queue whose lease ran out. :meth:`RebalanceImpl.renew_leases` (called for every broker every third of a
+lease by the client instance's renewal task, independently of consumption) renews all the queues held on one
+broker in one request. Each grant carries a fencing epoch (:attr:`RebalanceImpl.lock_epochs`), given to the
+offset store (every commit carries it) and to the listener's context. When the connection to a broker drops,
+its queues stop at once (:meth:`RebalanceImpl.broker_connection_lost`) until they are locked again; the
+re-lock claims the queues whose lease the client's own clock says is unexpired, which a restarted broker
+honours during its restart grace.
+
 Differences from 4.9.3, each deliberate: new queues of an orderly consumer are locked with one
 LOCK_BATCH_MQ per broker instead of one per queue, and a failed lock is reported (``lock_failed``) so
 the consumer can retry within a second instead of at the next periodic rebalance; a queue whose start
@@ -35,7 +46,7 @@ from typing import Any, Protocol
 
 import trio
 
-from trimq.client.api import MQClientAPI
+from trimq.client.api import LockBatchAnswer, MQClientAPI
 from trimq.client.config import PushConsumerConfig
 from trimq.client.errors import MQBrokerError, MQClientError, OffsetUnavailableError
 from trimq.client.offset_store import READ_FROM_STORE, OffsetStore
@@ -134,6 +145,16 @@ class RebalanceImpl:
         """Orderly: process queues dropped because their lock had lapsed before it was renewed."""
         self.on_stale_queue: Callable[[], None] | None = None
         """Called when such a queue was dropped (the consumer asks for a rebalance to re-create it)."""
+        self.lease_profile = getattr(config, "lock_profile", "lease") == "lease"
+        """Locks are leases renewed by the client instance's renewal task (module documentation)."""
+        self.lock_epochs: dict[MessageQueue, int] = {}
+        """The fencing epoch of the broker lock of each held queue (from trimq brokers)."""
+        self.lease_ms_by_broker: dict[str, int] = {}
+        """The lease each broker grants (its answers' ``leaseMs``), by broker name."""
+        self.on_relocked: Callable[[MessageQueue, ProcessQueue], None] | None = None
+        """Called when a queue whose lock had lapsed or whose connection dropped is locked again (and kept): the
+        consumer restarts its pull loop and consume task at once instead of after their retry delays."""
+        self._connection_lost: set[MessageQueue] = set()
         self.nursery: trio.Nursery | None = None
         self._consume_locks: weakref.WeakKeyDictionary[ProcessQueue, trio.Lock] = weakref.WeakKeyDictionary()
         self._rate = RateLimiter(10_000)
@@ -171,6 +192,26 @@ class RebalanceImpl:
         pq.dropped = True
         if self.pull_service is not None:
             self.pull_service.cancel(pq)
+
+    def lease_ms(self, broker_name: str) -> int:
+        """How long this client relies on a lock of ``broker_name`` after sending the request that renewed it:
+        the broker's lease, never more than ``rebalance_lock_max_live_time``."""
+        cap = self.config.rebalance_lock_max_live_time
+        granted = self.lease_ms_by_broker.get(broker_name)
+        return cap if granted is None else min(cap, granted)
+
+    def lock_epoch(self, mq: MessageQueue) -> int | None:
+        """The fencing epoch of the lock this client holds on ``mq`` (None: none known)."""
+        return self.lock_epochs.get(mq)
+
+    def _set_epoch(self, mq: MessageQueue, epoch: int | None) -> None:
+        if epoch is None:
+            self.lock_epochs.pop(mq, None)
+        else:
+            self.lock_epochs[mq] = epoch
+        setter = getattr(self.offset_store, "set_lock_epoch", None)
+        if setter is not None:
+            setter(mq, epoch)
 
     # --- the rebalance ------------------------------------------------------------------------------
 
@@ -271,6 +312,8 @@ class RebalanceImpl:
                 log.info("rebalance.lock_failed", group=self.consumer_group, mq=str(mq))
                 continue
             self.remove_dirty_offset(mq)
+            if is_order:
+                self._set_epoch(mq, self.lock_epochs.get(mq))  # commits of the new queue carry its grant's epoch
             pq = self.new_process_queue()
             try:
                 next_offset = await self.compute_pull_from_where(mq)
@@ -286,6 +329,7 @@ class RebalanceImpl:
                 # RocketMQ #2621: the broker lock is ours now; say so at once instead of after lockAll.
                 pq.locked = True
                 pq.last_lock_timestamp = lock_sent_at  # when the broker could last have renewed it
+                pq.lock_max_live_time_ms = self.lease_ms(mq.broker_name)
             self.process_queue_table[mq] = pq
             requests.append(PullRequest(self.consumer_group, mq, pq, next_offset))
             changed = True
@@ -297,6 +341,8 @@ class RebalanceImpl:
     def _forget(self, mq: MessageQueue, pq: ProcessQueue) -> None:
         if self.process_queue_table.get(mq) is pq:
             del self.process_queue_table[mq]
+            self.lock_epochs.pop(mq, None)
+            self._connection_lost.discard(mq)
 
     def dispatch_pull_request(self, requests: Iterable[PullRequest]) -> None:
         """Start pulling the new queues."""
@@ -376,6 +422,8 @@ class RebalanceImpl:
             return None
         self._drop(current)
         del self.process_queue_table[mq]
+        self.lock_epochs.pop(mq, None)
+        self._connection_lost.discard(mq)
         return current
 
     def message_queue_changed(
@@ -439,62 +487,104 @@ class RebalanceImpl:
             out.setdefault(mq.broker_name, []).append(mq)
         return out
 
-    async def _lock_on_broker(self, broker_name: str, mqs: list[MessageQueue]
-                              ) -> tuple[set[MessageQueue], set[MessageQueue] | None] | None:
-        """LOCK_BATCH_MQ on one broker: (held, kept) — ``kept`` the held queues nobody else locked since this
-        client's previous lock, None when the broker does not say; None when the broker could not be asked."""
+    def _claims(self, mqs: Iterable[MessageQueue], now: int) -> dict[MessageQueue, int]:
+        """The queues among ``mqs`` this client stopped because their connection dropped and whose lease its own
+        clock says has not run out, with the epoch it holds them under: a broker that restarted meanwhile grants
+        them back to it (and to nobody else) during its restart grace."""
+        out = {}
+        for mq in mqs:
+            pq = self.process_queue_table.get(mq)
+            epoch = self.lock_epochs.get(mq)
+            if mq in self._connection_lost and pq is not None and epoch is not None and not pq.is_lock_expired(now):
+                out[mq] = epoch
+        return out
+
+    async def _lock_request(self, addr: str, mqs: list[MessageQueue], sent_at: int) -> LockBatchAnswer:
+        """One LOCK_BATCH_MQ to ``addr`` (lease fields when the API has them); raises on transport errors."""
+        api = self.client.api
+        if hasattr(api, "lock_batch_mq_lease"):
+            return await api.lock_batch_mq_lease(addr, self.consumer_group, self.client.client_id, mqs,
+                                                 claims=self._claims(mqs, sent_at) or None,
+                                                 timeout_ms=LOCK_BATCH_TIMEOUT_MS)
+        detailed = getattr(api, "lock_batch_mq_detailed", None)
+        if detailed is not None:
+            held, kept = await detailed(addr, self.consumer_group, self.client.client_id, mqs,
+                                        timeout_ms=LOCK_BATCH_TIMEOUT_MS)
+            return LockBatchAnswer(held, kept)
+        held = await api.lock_batch_mq(addr, self.consumer_group, self.client.client_id, mqs,
+                                       timeout_ms=LOCK_BATCH_TIMEOUT_MS)
+        return LockBatchAnswer(held)
+
+    async def _lock_on_broker(self, broker_name: str, mqs: list[MessageQueue],
+                              sent_at: int | None = None) -> LockBatchAnswer | None:
+        """LOCK_BATCH_MQ on one broker; None when the broker could not be asked. Remembers the lease the broker
+        grants and the epoch of every queue it granted."""
         addr = await self.client.find_broker_addr(broker_name, mqs[0].topic)
         if addr is None:
             log.warning("rebalance.lock_no_broker", group=self.consumer_group, broker=broker_name)
             return None
         try:
-            detailed = getattr(self.client.api, "lock_batch_mq_detailed", None)
-            if detailed is not None:
-                held, kept = await detailed(addr, self.consumer_group, self.client.client_id, mqs,
-                                            timeout_ms=LOCK_BATCH_TIMEOUT_MS)
-                return held, kept
-            held = await self.client.api.lock_batch_mq(
-                addr, self.consumer_group, self.client.client_id, mqs, timeout_ms=LOCK_BATCH_TIMEOUT_MS
-            )
-            return held, None
+            answer = await self._lock_request(addr, mqs, self.clock() if sent_at is None else sent_at)
         except (RemotingError, MQBrokerError, MQClientError) as exc:
             log.warning("rebalance.lock_error", group=self.consumer_group, broker=broker_name, error=str(exc))
             return None
+        self._note_answer(broker_name, answer)
+        return answer
+
+    def _note_answer(self, broker_name: str, answer: LockBatchAnswer) -> None:
+        if answer.lease_ms is not None:
+            self.lease_ms_by_broker[broker_name] = answer.lease_ms
 
     async def _lock_batch(self, mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
         """Lock ``mqs`` (one request per broker); returns those now held. Marks held ones' process queues;
         a held queue whose process queue had lost its lock is dropped instead (:meth:`_lock_confirmed`)."""
         held: set[MessageQueue] = set()
-        kept: set[MessageQueue] | None = set()
+        answers: dict[MessageQueue, LockBatchAnswer] = {}
         sent_at = self.clock()
         for broker_name, group in self._by_broker(mqs).items():
-            got = await self._lock_on_broker(broker_name, group)
-            if got:
-                held |= got[0] & set(group)
-                kept = None if kept is None or got[1] is None else kept | got[1]
+            got = await self._lock_on_broker(broker_name, group, sent_at)
+            if got is not None:
+                mine = got.held & set(group)
+                held |= mine
+                for mq in mine:
+                    answers[mq] = got
+                    if mq not in self.process_queue_table:
+                        self.lock_epochs.pop(mq, None)  # a new queue: its epoch is this grant's
+                        if mq in got.epochs:
+                            self.lock_epochs[mq] = got.epochs[mq]
         for mq in list(held):
             pq = self.process_queue_table.get(mq)
-            if pq is not None and not await self._lock_confirmed(mq, pq, sent_at, kept):
+            if pq is not None and not await self._lock_confirmed(mq, pq, sent_at, answers[mq]):
                 held.discard(mq)
         return held
 
     async def _lock_confirmed(self, mq: MessageQueue, pq: ProcessQueue, sent_at: int,
-                              kept: set[MessageQueue] | None) -> bool:
+                              answer: LockBatchAnswer) -> bool:
         """The broker says this client holds ``mq``'s lock, as of a request sent at ``sent_at``.
 
         If nobody else held the lock since this client's previous lock — the broker says so in ``kept``; a
         broker that does not (``kept`` None) leaves the client's own view: ``pq`` locked and not expired when
         the request left — the lock is renewed from ``sent_at``, the send time rather than the answer's, so a
-        client paused in between never believes its lock younger than the broker's. Otherwise another client
-        may have consumed the queue meanwhile (this one was paused past its lock, or the broker restarted),
-        so ``pq``'s cached messages and the in-memory offset may be stale: consuming on from them would
-        re-consume what the other client did and commit an offset behind its commits, i.e. rewind the queue
-        (found by the chaos suite). Such a process queue is dropped, its in-memory offset forgotten, and a
-        rebalance asked for, which re-creates it from the committed offset. Returns whether ``pq`` may go on.
+        client paused in between never believes its lock younger than the broker's, for the broker's lease
+        (:meth:`lease_ms`), and under the grant's epoch. Otherwise another client may have consumed the queue
+        meanwhile (this one was paused past its lock, or the broker restarted), so ``pq``'s cached messages and
+        the in-memory offset may be stale: consuming on from them would re-consume what the other client did
+        and commit an offset behind its commits, i.e. rewind the queue (found by the chaos suite). Such a
+        process queue is dropped, its in-memory offset forgotten, and a rebalance asked for, which re-creates it
+        from the committed offset. Returns whether ``pq`` may go on.
         """
+        kept = answer.kept
         if (mq in kept) if kept is not None else (pq.locked and not pq.is_lock_expired(sent_at)):
+            was_usable = pq.locked and not pq.is_lock_expired(self.clock())
             pq.locked = True
             pq.last_lock_timestamp = sent_at
+            pq.lock_max_live_time_ms = self.lease_ms(mq.broker_name)
+            self._connection_lost.discard(mq)
+            epoch = answer.epochs.get(mq)
+            if epoch is not None and epoch != self.lock_epochs.get(mq):
+                self._set_epoch(mq, epoch)  # a continuous hold under a new grant (e.g. claimed after a restart)
+            if not was_usable and self.on_relocked is not None:
+                self.on_relocked(mq, pq)
             return True
         pq.locked = False
         lock = self.consume_lock(pq)
@@ -513,26 +603,65 @@ class RebalanceImpl:
         """Lock one queue on its broker (RebalanceImpl.lock); marks its process queue locked on success."""
         return mq in await self._lock_batch([mq])
 
+    async def _apply_renewal(self, mqs: list[MessageQueue], sent_at: int, answer: LockBatchAnswer) -> None:
+        for mq in mqs:
+            pq = self.process_queue_table.get(mq)
+            if pq is None:
+                continue
+            if mq in answer.held:
+                was_locked = pq.locked
+                if await self._lock_confirmed(mq, pq, sent_at, answer) and not was_locked:
+                    log.info("rebalance.lock_ok", group=self.consumer_group, mq=str(mq))
+            else:
+                if pq.locked:
+                    log.warning("rebalance.lock_lost", group=self.consumer_group, mq=str(mq))
+                pq.locked = False
+
     async def lock_all(self) -> None:
-        """Renew the broker locks of every held queue; mark each process queue locked or not accordingly."""
+        """Renew the broker locks of every held queue; mark each process queue locked or not accordingly
+        (the ``rocketmq`` lock profile's lockAll; leases are renewed by :meth:`renew_leases`)."""
         for broker_name, mqs in self._by_broker(list(self.process_queue_table)).items():
             sent_at = self.clock()
-            got = await self._lock_on_broker(broker_name, mqs)
-            if got is None:
-                continue
-            held, kept = got
-            for mq in mqs:
-                pq = self.process_queue_table.get(mq)
-                if pq is None:
-                    continue
-                if mq in held:
-                    was_locked = pq.locked
-                    if await self._lock_confirmed(mq, pq, sent_at, kept) and not was_locked:
-                        log.info("rebalance.lock_ok", group=self.consumer_group, mq=str(mq))
-                else:
-                    if pq.locked:
-                        log.warning("rebalance.lock_lost", group=self.consumer_group, mq=str(mq))
-                    pq.locked = False
+            got = await self._lock_on_broker(broker_name, mqs, sent_at)
+            if got is not None:
+                await self._apply_renewal(mqs, sent_at, got)
+
+    async def renew_leases(self, addr: str, broker_names: Iterable[str]) -> LockBatchAnswer | None:
+        """Renew, in one LOCK_BATCH_MQ to ``addr``, the leases of every queue held on the brokers ``broker_names``
+        (those whose master ``addr`` is; none for a slave's address): the request also keeps this client a member
+        of the group on that broker, so it is sent even when nothing is held there. Returns the answer (None
+        when the broker could not be asked; the queues' leases then run out on their own)."""
+        names = set(broker_names)
+        mqs = sorted(mq for mq, pq in self.process_queue_table.items() if mq.broker_name in names and not pq.dropped)
+        sent_at = self.clock()
+        try:
+            answer = await self._lock_request(addr, mqs, sent_at)
+        except (RemotingError, MQBrokerError, MQClientError) as exc:
+            log_rate_limited(self._rate, ("renew", addr), self.clock(), log.warning, "rebalance.lease_renew_failed",
+                             group=self.consumer_group, addr=addr, queues=len(mqs), error=str(exc))
+            return None
+        for name in names:
+            self._note_answer(name, answer)
+        await self._apply_renewal(mqs, sent_at, answer)
+        return answer
+
+    def broker_connection_lost(self, broker_names: Iterable[str]) -> list[MessageQueue]:
+        """The connection to the master of ``broker_names`` dropped: stop every queue held there at once (no new
+        batch starts; the consume services re-check before each one) until it is locked again. Lease profile
+        only (RocketMQ keeps consuming). Returns the queues stopped."""
+        if not self.lease_profile:
+            return []
+        names = set(broker_names)
+        stopped = []
+        for mq, pq in self.process_queue_table.items():
+            if mq.broker_name in names and not pq.dropped and pq.locked:
+                pq.locked = False
+                self._connection_lost.add(mq)
+                stopped.append(mq)
+        if stopped:
+            log.warning("rebalance.connection_lost", group=self.consumer_group, brokers=sorted(names),
+                        queues=sorted(str(mq) for mq in stopped))
+        return stopped
 
     async def unlock(self, mq: MessageQueue, oneway: bool = False) -> None:
         """UNLOCK_BATCH_MQ for one queue (errors are logged)."""

@@ -117,13 +117,27 @@ class BrokerConfig:
                                               min=1_000, max=3_600_000)
     client_housekeeping_interval_ms: int = setting(10_000, "how often silent clients are looked for",
                                                    min=100, max=600_000)
-    orphaned_lock_max_live_time_ms: int = setting(
-        32_000, "once a client's connection closes, its queue locks expire this long after their last renewal "
-        "(if sooner than rebalance_lock_max_live_time_ms); keep it above the clients' own lock lifetime "
-        "(30000) plus network delay, so a cut-off client has stopped consuming before another takes over",
-        min=0, max=3_600_000)
-    rebalance_lock_max_live_time_ms: int = setting(60_000, "a queue lock not renewed this long may be taken over",
-                                                   min=1_000, max=3_600_000)
+    # -- queue-lock leases (issue 14, docs/PROTOCOL.md "Queue-lock leases", docs/OPERATIONS.md "Leases")
+    lock_profile: str = setting("lease", "'lease': queue locks are leases of lease_ms, taken over after lease_ms "
+                                "+ lease_drift_percent + lease_margin_ms, released lock_disconnect_grace_ms after a "
+                                "holder's connection closes, orderly members leave with their lease, a restart "
+                                "waits out earlier leases; 'rocketmq': RocketMQ 4.9.3's clocks "
+                                "(rebalance_lock_max_live_time_ms, no margin, no release on disconnect)",
+                                choices=("lease", "rocketmq"))
+    lease_ms: int = setting(2_000, "lease profile: a queue lock's lease, counted by its holder from when it sent "
+                            "the renewal (clients renew every third of it)", min=100, max=600_000)
+    lease_drift_percent: int = setting(10, "lease profile: clock-rate drift allowed between a client's clock and "
+                                       "the broker's, in percent of lease_ms, added before a lock may be taken over",
+                                       min=0, max=100)
+    lease_margin_ms: int = setting(200, "lease profile: fixed time added before an unrenewed lock may be taken over "
+                                   "(the holder's scheduling delay between its deadline check and a batch's start)",
+                                   min=0, max=60_000)
+    lock_disconnect_grace_ms: int = setting(300, "lease profile: once a client's connection closes, its queue locks "
+                                            "and orderly memberships go this long after, unless it renews over a new "
+                                            "connection first (was orphaned_lock_max_live_time_ms)",
+                                            min=0, max=10_000)
+    rebalance_lock_max_live_time_ms: int = setting(60_000, "rocketmq lock profile: a queue lock not renewed this "
+                                                   "long may be taken over", min=1_000, max=3_600_000)
     notify_consumer_ids_changed_enable: bool = setting(True, "push NOTIFY_CONSUMER_IDS_CHANGED on group changes")
     notify_consumer_ids_changed_delay_ms: int = setting(100, "coalescing window for NOTIFY_CONSUMER_IDS_CHANGED",
                                                         min=0, max=10_000)
@@ -173,6 +187,30 @@ class BrokerConfig:
         if self.tls_require_client_cert and not (self.tls_cert_file and self.tls_ca_file):
             raise ConfigError("tls_require_client_cert = true: needs tls_cert_file and tls_ca_file")
         return self
+
+    @property
+    def lock_lease_ms(self) -> int:
+        """The lease a queue lock is granted for (the rocketmq profile: rebalance_lock_max_live_time_ms)."""
+        return self.lease_ms if self.lock_profile == "lease" else self.rebalance_lock_max_live_time_ms
+
+    @property
+    def lock_takeover_margin_ms(self) -> int:
+        """What is added to the lease before another client may take an unrenewed lock over (rocketmq: 0)."""
+        if self.lock_profile != "lease":
+            return 0
+        return self.lease_ms * self.lease_drift_percent // 100 + self.lease_margin_ms
+
+    @property
+    def orphaned_lock_max_live_time_ms(self) -> int:
+        """Deprecated name, not a setting any more (lock_disconnect_grace_ms replaced it): until the coordination
+        service uses the grace, a closed connection's locks live no longer than a lease plus its margin."""
+        return self.lock_lease_ms + self.lock_takeover_margin_ms
+
+    @property
+    def lock_disconnect_grace(self) -> int:
+        """How long a closed connection's locks and orderly memberships outlive it; 0: the rocketmq profile
+        (memberships go at once, locks stay until they expire)."""
+        return self.lock_disconnect_grace_ms if self.lock_profile == "lease" else 0
 
     @property
     def sync_flush(self) -> bool:

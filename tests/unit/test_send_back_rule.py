@@ -73,8 +73,9 @@ async def test_client_fallback_of_a_concurrent_send_back_uses_the_unique_key() -
     client = FakeClient()
     client.api.send_back_error = RemotingTimeoutError("slow broker")
     msg = stored(2, MIN_OFFSET="0", MAX_OFFSET="5", CONSUME_START_TIME="1", **{SCHEDULE_OFFSET_PROPERTY: "12"})
-    ok = await SendBack(client, "g").send(msg, delay_level=0, broker_name="broker-a", max_reconsume_times=16,
-                                          fallback_reconsume_times=3, fallback_delay_level=5)
+    send_back = SendBack(client, "g")  # type: ignore[arg-type]  # a fake of the network side
+    ok = await send_back.send(msg, delay_level=0, broker_name="broker-a", max_reconsume_times=16,
+                              fallback_reconsume_times=3, fallback_delay_level=5)
     assert ok and client.api.send_backs[0]["reconsume_times"] is None  # the broker's rule was asked first
     [send] = client.api.sends
     assert send["topic"] == "%RETRY%g" and send["reconsume_times"] == 3

@@ -20,11 +20,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 demo: $(STAMP)
-	$(BIN)/python -m trimq.client.demo
+	$(BIN)/python -m trimq.demo
 
 # mypy reads the layer folders through build/typecheck/trimq, links that lay them out as installed.
 TYPECHECK := build/typecheck/trimq
-LAYERS := protocol broker client spark_jobs
+LAYERS := protocol broker client spark_jobs tools testing demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check trimq $(LAYERS) tests bench setup.py

@@ -86,7 +86,7 @@ def _broker_exe() -> list[str]:
     exe = shutil.which("trimq-broker", path=os.path.dirname(sys.executable))
     if exe:
         return [exe]
-    return [sys.executable, "-c", "from broker.cli import main; main()"]
+    return [sys.executable, "-c", "from trimq.tools.broker import main; main()"]
 
 
 class _maybe_sampled:
@@ -144,14 +144,14 @@ def start_server(workdir: str, args: Any) -> Any:
     if sample_dir:
         out = os.path.join(sample_dir, "broker.txt")
         cmd = [sys.executable, "-c", "import sys; out = sys.argv[1]; sys.argv = ['trimq-broker'] + sys.argv[2:]; "
-               "from bench.sampler import CpuSampler; import threading; from broker.cli import main; "
+               "from bench.sampler import CpuSampler; import threading; from trimq.tools.broker import main; "
                "s = CpuSampler(threading.get_ident()).__enter__()\n"
                "try: main(standalone_mode=False)\nfinally:\n s.__exit__(); open(out, 'w').write(s.report(70))",
                out, *cmd[len(_broker_exe()):]]
     elif prof_dir:
         out = os.path.join(prof_dir, "broker.prof")
         cmd = [sys.executable, "-c", "import cProfile, sys, time; out = sys.argv[1]; sys.argv = ['trimq-broker'] + "
-               "sys.argv[2:]; from broker.cli import main; p = cProfile.Profile(time.process_time); "
+               "sys.argv[2:]; from trimq.tools.broker import main; p = cProfile.Profile(time.process_time); "
                "p.runcall(main, standalone_mode=False); p.dump_stats(out)",
                out, *cmd[len(_broker_exe()):]]
     srv = Server("trimq", cmd, env=broker_env(args), log=os.path.join(workdir, "server.log"), cwd=str(_REPO))

@@ -127,7 +127,7 @@ def _profiled_broker(out: str, args: list[str]) -> None:
     """Run ``trimq-broker ARGS`` under cProfile, writing the stats to ``out`` at a graceful stop."""
     import cProfile
 
-    from trimq.broker.cli import main
+    from trimq.tools.broker import main
 
     prof = cProfile.Profile(time.process_time)
     prof.enable()

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+import trimq
 from trimq.spark_jobs.parser import DEFAULT_SPLIT_SIZE
 
 EXIT_CLEAN, EXIT_DEFECTS, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
@@ -25,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Audit a trimq / RocketMQ 4.x store: integrity, queue offsets, consume queues, per-key "
         "order, retry/DLQ lineage, consumer lag, throughput. Exit 0 clean, 1 defects, 2 usage error.",
     )
+    p.add_argument("--version", action="version", version=f"trimq-audit {trimq.__version__}")
     p.add_argument("--store", help="store directory (holding commitlog/, consumequeue/, config/)")
     p.add_argument("--out", help="output directory for the Parquet tables, summary.json and report.html")
     p.add_argument("--master", default=None,

@@ -1,6 +1,6 @@
 """An asyncio service using trimq: produce and consume without blocking the asyncio event loop.
 
-The SDK is trio code; a :class:`client.runner.TrioRunner` hosts it in a background thread. From asyncio:
+The SDK is trio code; a :class:`trimq.client.runner.TrioRunner` hosts it in a background thread. From asyncio:
 
 * ``await runner.acall(producer.send, msg)`` sends without blocking the event loop;
 * ``runner.enter``/``runner.close`` block while clients start and stop gracefully, so call them through
@@ -9,8 +9,8 @@ The SDK is trio code; a :class:`client.runner.TrioRunner` hosts it in a backgrou
   ``loop.call_soon_threadsafe`` and returns at once (commit-on-handoff). A listener that must not commit
   before the asyncio side finished would instead wait for an acknowledgement (see docs/EMBEDDING.md).
 
-Run it as is (it starts its own broker with an embedded name server in a temporary directory) or point
-it at a running one::
+Run it as is (it starts its own broker with an embedded name server in a temporary directory, through
+``trimq.testing.open_broker``) or point it at a running one::
 
     python docs/examples/asyncio_service.py
     python docs/examples/asyncio_service.py --namesrv 127.0.0.1:9876
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 from typing import Any
 
 from trimq.client import (
@@ -32,29 +31,28 @@ from trimq.client import (
     PushConsumer,
     PushConsumerConfig,
 )
-from trimq.client.cli import ensure_topic
+from trimq.client.admin import open_admin
 from trimq.client.runner import TrioRunner
 from trimq.protocol.logs import configure_logging
 
 TOPIC = "ExampleEvents"
 
 
-async def service(namesrv: str | None, count: int, store: str) -> int:
+async def service(namesrv: str | None, count: int) -> int:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[MessageExt] = asyncio.Queue()
     runner = TrioRunner()
     await asyncio.to_thread(runner.start)
     try:
         if namesrv is None:
-            from trimq.broker.broker import open_broker
-            from trimq.broker.config import BrokerConfig
+            from trimq.testing import open_broker
 
-            broker = await asyncio.to_thread(runner.enter, open_broker(
-                BrokerConfig(listen="127.0.0.1:0", store_dir=store, embedded_namesrv=True)))
-            namesrv = broker.address
+            cluster = await asyncio.to_thread(runner.enter, open_broker())
+            namesrv = cluster.namesrv_addr
+        admin = await asyncio.to_thread(runner.enter, open_admin(namesrv))
+        await runner.acall(admin.ensure_topic, TOPIC, 4)
         producer = await asyncio.to_thread(
             runner.enter, Producer(ProducerConfig(namesrv_addr=namesrv, producer_group="asyncio_producer")))
-        await runner.acall(ensure_topic, producer.instance, TOPIC, 4)
 
         async def listener(msgs: list[MessageExt], context: Any) -> ConsumeConcurrentlyStatus:
             for m in msgs:  # runs in the trio thread: hand over to asyncio, thread-safely
@@ -90,8 +88,7 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=100, help="messages to send")
     args = ap.parse_args()
     configure_logging("console", "warning")
-    with tempfile.TemporaryDirectory(prefix="trimq-example-") as store:
-        return asyncio.run(service(args.namesrv, args.count, store))
+    return asyncio.run(service(args.namesrv, args.count))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """A plain threaded program using trimq: no trio, no asyncio in sight.
 
-A :class:`client.runner.TrioRunner` hosts the SDK's trio loop in a background thread. The program's own
+A :class:`trimq.client.runner.TrioRunner` hosts the SDK's trio loop in a background thread. The program's own
 threads send with ``runner.call`` (blocking), and the consumer's listener is a plain ``def``: the SDK runs
 it in worker threads, so it may block (database calls, ``time.sleep``) without stalling anything.
 
-Run it as is (it starts its own broker with an embedded name server in a temporary directory) or point
-it at a running one::
+Run it as is (it starts its own broker with an embedded name server in a temporary directory, through
+``trimq.testing.open_broker``) or point it at a running one::
 
     python docs/examples/threaded_producer_consumer.py
     python docs/examples/threaded_producer_consumer.py --namesrv 127.0.0.1:9876 --count 1000
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import tempfile
 import threading
 from collections import defaultdict
 from contextlib import ExitStack
@@ -30,7 +29,7 @@ from trimq.client import (
     PushConsumer,
     PushConsumerConfig,
 )
-from trimq.client.cli import ensure_topic
+from trimq.client.admin import open_admin
 from trimq.client.runner import TrioRunner
 from trimq.client.selectors import select_by_hash
 from trimq.protocol.logs import configure_logging
@@ -64,15 +63,12 @@ def main() -> int:
         runner = stack.enter_context(TrioRunner())
         namesrv = args.namesrv
         if namesrv is None:
-            from trimq.broker.broker import open_broker
-            from trimq.broker.config import BrokerConfig
+            from trimq.testing import open_broker
 
-            store = stack.enter_context(tempfile.TemporaryDirectory(prefix="trimq-example-"))
-            broker = runner.enter(open_broker(BrokerConfig(listen="127.0.0.1:0", store_dir=store,
-                                                           embedded_namesrv=True)))
-            namesrv = broker.address
+            namesrv = runner.enter(open_broker()).namesrv_addr
+        admin = runner.enter(open_admin(namesrv))
+        runner.call(admin.ensure_topic, TOPIC, 8)  # a fixed queue count keeps key -> queue stable
         producer = runner.enter(Producer(ProducerConfig(namesrv_addr=namesrv, producer_group="example_producer")))
-        runner.call(ensure_topic, producer.instance, TOPIC, 8)  # a fixed queue count keeps key -> queue stable
 
         consumer = PushConsumer(PushConsumerConfig(namesrv_addr=namesrv, consumer_group="example_consumer",
                                                    consume_from_where="CONSUME_FROM_FIRST_OFFSET"))

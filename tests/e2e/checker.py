@@ -1,7 +1,7 @@
 """Check what consumers consumed against what producers had acknowledged, from record files.
 
 Inputs are the JSON-line record files of ``trimq-producer --record`` and ``trimq-consumer --record``
-(formats in client/cli.py), plus what the test did to the consumers: :class:`Stop` events (a graceful
+(formats in trimq/tools/records.py), plus what the test did to the consumers: :class:`Stop` events (a graceful
 SIGTERM or a SIGKILL crash, with the wall-clock time the signal was sent) and, optionally, the committed
 offsets read from the broker right after a crash. Reused by the chaos suite.
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from trimq.client.cli import decode_body, encode_body, key_name
+from trimq.tools.records import decode_body, encode_body, key_name
 
 from .checker import check
 from .conftest import Procs, env_with, tool

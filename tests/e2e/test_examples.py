@@ -19,7 +19,7 @@ def test_example_runs(example: str, tmp_path: Path) -> None:
 
 
 def test_demo_summary_holds(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "trimq.client.demo"], capture_output=True, text=True, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "trimq.demo"], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -187,7 +187,7 @@ def test_bad_acl_file_fails_at_startup(tmp_path: Path) -> None:
     config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path), acl_file=str(bad))
     with pytest.raises(ConfigError, match=r"accounts\[0\] \(access_key 'app-key-1'\): topic_perms.t: permission"):
         Broker(config)
-    from trimq.broker.cli import main
+    from trimq.tools.broker import main
 
     result = CliRunner().invoke(main, ["--listen", "127.0.0.1:0", "--store", str(tmp_path), "--acl", str(bad)])
     assert result.exit_code == 2

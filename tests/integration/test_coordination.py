@@ -434,7 +434,7 @@ async def test_fenced_update_is_refused_and_counted_and_the_owners_is_applied(tm
 
 def _broker_cmd(store: Path) -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), "trimq-broker")
-    head = [script] if os.path.exists(script) else [sys.executable, "-c", "from broker.cli import main; main()"]
+    head = [script] if os.path.exists(script) else [sys.executable, "-c", "from trimq.tools.broker import main; main()"]
     return [*head, "--listen", "127.0.0.1:0", "--store", str(store), "--log-format", "json"]
 
 

@@ -7,7 +7,7 @@ import math
 
 from click.testing import CliRunner
 
-from trimq.client.admin_allocate import allocate_command
+from trimq.tools.admin_allocate import allocate_command
 
 
 def run(*args: str) -> tuple[int, str]:

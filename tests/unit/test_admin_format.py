@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trimq.broker.processors.admin_forward import compute_reset_offsets
-from trimq.client import admin_format as fmt
 from trimq.client.admin_handlers import parse_reset_body
+from trimq.client.admin_results import body_text, perm_text
 from trimq.protocol.message_queue import MessageQueue
+from trimq.tools import admin_format as fmt
 
 UTC = dt.UTC
 PLUS2 = dt.timezone(dt.timedelta(hours=2))
@@ -121,7 +122,7 @@ def test_format_timestamp_and_age() -> None:
 
 
 def test_perm_text_and_parse() -> None:
-    assert [fmt.perm_text(p) for p in (6, 4, 2, 7, 0)] == ["RW-", "R--", "-W-", "RWX", "---"]
+    assert [perm_text(p) for p in (6, 4, 2, 7, 0)] == ["RW-", "R--", "-W-", "RWX", "---"]
     assert [fmt.parse_perm(t) for t in ("6", "rw", "RW-", "r", "w", "0", "rwx")] == [6, 6, 6, 4, 2, 0, 7]
     for bad in ("8", "rz", "", "-"):
         with pytest.raises(ValueError, match="perm"):
@@ -129,8 +130,8 @@ def test_perm_text_and_parse() -> None:
 
 
 def test_body_text_and_json() -> None:
-    assert fmt.body_text("héllo".encode()) == ("héllo", "utf-8")
-    assert fmt.body_text(b"\xff\x00") == ("ff00", "hex")
+    assert body_text("héllo".encode()) == ("héllo", "utf-8")
+    assert body_text(b"\xff\x00") == ("ff00", "hex")
     doc = json.loads(fmt.to_json({"raw": b"\x01\x02", "tags": frozenset({"b", "a"}), "n": 1}))
     assert doc == {"raw": {"hex": "0102"}, "tags": ["a", "b"], "n": 1}
 

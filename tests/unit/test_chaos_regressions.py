@@ -271,8 +271,9 @@ async def test_listener_does_not_run_once_the_lock_lapsed_while_waiting(autojump
 
 
 def test_orderly_key_shares_give_each_worker_one_queue() -> None:
-    from trimq.client.cli import key_name, orderly_key_shares
     from trimq.client.selectors import select_by_hash
+    from trimq.tools.producer import orderly_key_shares
+    from trimq.tools.records import key_name
 
     mqs = [MessageQueue(T, b, q) for b in ("broker-a", "broker-b") for q in range(4)]
     for keys, workers in ((200, 32), (5, 64), (1000, 3), (1, 1)):
@@ -286,7 +287,7 @@ def test_orderly_key_shares_give_each_worker_one_queue() -> None:
 
 async def test_orderly_producer_keeps_sending_to_live_brokers(autojump_clock: Any) -> None:
     from trimq.client.api import SendResult, SendStatus
-    from trimq.client.cli import LoadProducer, ProducerOptions
+    from trimq.tools.producer import LoadProducer, ProducerOptions
 
     mqs = [MessageQueue(T, b, q) for b in ("broker-a", "broker-b") for q in range(2)]
     sent: list[tuple[float, MessageQueue, str, int]] = []

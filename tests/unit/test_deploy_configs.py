@@ -191,17 +191,11 @@ def _flags() -> dict[str, dict[str, str]]:
     """Setting name -> flag, per program, read from the click commands themselves."""
     import click
 
-    from trimq.broker.cli import main as broker_main
-    from trimq.broker.namesrv.cli import main as namesrv_main
+    from trimq.tools import broker, consumer, namesrv, producer
 
     renamed = {"flush": "flush_disk_type", "from_where": "consume_from_where"}
-    commands: dict[str, Any] = {"broker": broker_main, "namesrv": namesrv_main}
-    try:
-        from trimq.client.cli import consumer_main, producer_main
-
-        commands.update(consumer=consumer_main, producer=producer_main)
-    except ImportError:  # pragma: no cover - the client CLI is optional for this table
-        pass
+    commands: dict[str, Any] = {"broker": broker.main, "namesrv": namesrv.main, "consumer": consumer.main,
+                                "producer": producer.main}
     out: dict[str, dict[str, str]] = {}
     for program, command in commands.items():
         table = out.setdefault(program, {})

@@ -177,12 +177,14 @@ def test_push_consumer_from_threads_and_asyncio(runner: TrioRunner, tmp_path: Pa
         PushConsumer,
         PushConsumerConfig,
     )
-    from trimq.client.cli import ensure_topic
+    from trimq.client.admin import Admin
 
     broker = start_broker(runner, tmp_path)
     producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.address, producer_group="runner_pc")))
-    runner.call(ensure_topic, producer.instance, "RunnerT1", 2)
-    runner.call(ensure_topic, producer.instance, "RunnerT2", 2)
+    assert producer.instance is not None
+    admin = Admin(producer.instance.api, [broker.address])
+    runner.call(admin.ensure_topic, "RunnerT1", 2)
+    runner.call(admin.ensure_topic, "RunnerT2", 2)
 
     got_sync: list[bytes] = []
     sync_threads: set[str] = set()

@@ -1,6 +1,6 @@
 """``trimq-admin allocate``: simulate an allocation strategy and count the queues a membership change moves.
 
-Pure simulation (no broker needed), built on :func:`client.rebalance.strategies.simulate`::
+Pure simulation (no broker needed), built on :func:`trimq.client.rebalance.strategies.simulate`::
 
     trimq-admin allocate --strategy AVG --queues 8 --consumers 3 --join 1
     trimq-admin allocate --strategy CONSISTENT_HASH_BOUNDED --queues 64 --consumers 10 --leave 2 --json

@@ -6,7 +6,8 @@ unit tests (tests/unit/test_admin_format.py) pin the exact output.
 * :func:`render_table` — columns separated by two spaces, numbers right-aligned, ``-`` for missing values.
 * :func:`parse_timestamp` — what ``--timestamp`` accepts: epoch milliseconds, ``yyyyMMddHHmmss``,
   ISO 8601, RocketMQ's ``yyyy-MM-dd#HH:mm:ss:SSS``, ``now`` and ``now`` minus a duration (``-30m``).
-* :func:`format_timestamp`, :func:`format_age`, :func:`perm_text`, :func:`body_text` — cell values.
+* :func:`format_timestamp`, :func:`format_age` — cell values (:func:`perm_text` and :func:`body_text` come from
+  :mod:`trimq.client.admin_results`, whose documents these renderers show).
 * :func:`to_json` — one JSON document; bytes become ``{"hex": ...}`` so nothing is lost.
 """
 
@@ -18,22 +19,18 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from trimq.client.admin_results import PERM_INHERIT, PERM_READ, PERM_WRITE, perm_text
+
 __all__ = [
     "TimestampError",
-    "body_text",
     "format_age",
     "format_timestamp",
     "kv_lines",
     "parse_perm",
     "parse_timestamp",
-    "perm_text",
     "render_table",
     "to_json",
 ]
-
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_INHERIT = 1
 
 MISSING = "-"
 
@@ -178,12 +175,6 @@ def format_age(ms: int | None) -> str:
 # --------------------------------------------------------------------------------------------- values
 
 
-def perm_text(perm: int) -> str:
-    """RocketMQ's PermName.perm2String: ``RW-`` for 6, ``R--`` for 4, ``RWX`` for 7."""
-    return ("R" if perm & PERM_READ else "-") + ("W" if perm & PERM_WRITE else "-") + \
-        ("X" if perm & PERM_INHERIT else "-")
-
-
 def parse_perm(text: str) -> int:
     """A permission as an integer 0..7 or letters (``rw``, ``r``, ``w``, ``RW-``). ValueError otherwise."""
     s = str(text).strip()
@@ -197,14 +188,6 @@ def parse_perm(text: str) -> int:
         raise ValueError(f"perm {text!r} must be 0..7 or letters r, w, x (e.g. rw)")
     return (PERM_READ if "r" in letters else 0) | (PERM_WRITE if "w" in letters else 0) | \
         (PERM_INHERIT if "x" in letters else 0)
-
-
-def body_text(body: bytes) -> tuple[str, str]:
-    """(text, encoding): the body decoded as UTF-8 when it is valid UTF-8, else its hex and ``"hex"``."""
-    try:
-        return bytes(body).decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        return bytes(body).hex(), "hex"
 
 
 def _json_default(value: Any) -> Any:

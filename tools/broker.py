@@ -1,46 +1,21 @@
-"""``trimq-broker``: run a broker daemon (optionally with the name server in the same process)."""
+"""``trimq-broker``: run a broker daemon (optionally with the name server in the same process), RocketMQ's
+``mqbroker``. The broker itself is :class:`trimq.broker.broker.Broker`; this module is only its command line."""
 
 from __future__ import annotations
 
 import json
-import signal
 import sys
-from typing import Any
 
 import click
 import trio
 
 from trimq.broker.config import BrokerConfig, ConfigError, describe_settings, load_settings
-from trimq.protocol.logs import configure_logging, get_logger
-
-log = get_logger("trimq.broker.cli")
-
-
-def start_error(exc: BaseException) -> OSError | None:
-    """The OSError (port in use, store locked, ...) inside the nursery exception groups, if that is what
-    stopped the daemon: reported as one line, not a traceback."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc if isinstance(exc, OSError) else None
+from trimq.protocol.logs import configure_logging
+from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, run_until_signalled, start_error, version_option
 
 
-async def run_until_signalled(runner: Any, shutdown: Any) -> None:
-    """Run ``runner(task_status=...)`` and turn SIGINT/SIGTERM into ``shutdown()`` (a graceful stop)."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                async for signum in signals:
-                    log.info("signal.received", signal=signal.Signals(signum).name)
-                    shutdown()
-                    return
-
-            nursery.start_soon(watch)
-            await runner()
-            nursery.cancel_scope.cancel()
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings=CONTEXT)
+@version_option("trimq-broker")
 @click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:10911; port 0 = any free port).")
 @click.option("--store", "store_dir", help="Store directory (default ./store).")
 @click.option("--namesrv", "namesrv_addr", help="Name server HOST:PORT (several separated by ';').")
@@ -61,9 +36,8 @@ async def run_until_signalled(runner: Any, shutdown: Any) -> None:
               help="ACL TOML file: requests must be signed by its accounts (docs/SECURITY.md).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file.")
 @click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
-@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+@click.option("--log-format", type=LOG_FORMATS, default="auto", show_default=True)
+@click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)
 def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, embedded_namesrv: bool | None,
          broker_name: str | None, cluster_name: str | None, flush: str | None, metrics_port: int | None,
          tls_cert_file: str | None, tls_key_file: str | None, tls_ca_file: str | None,

@@ -1,4 +1,4 @@
-"""``trimq-namesrv``: run a standalone name server until SIGINT/SIGTERM."""
+"""``trimq-namesrv``: run a standalone name server until SIGINT/SIGTERM (RocketMQ's ``mqnamesrv``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import click
 import trio
 
 from trimq.broker.config import ConfigError, describe_settings, load_settings
-from trimq.protocol.logs import configure_logging, get_logger
+from trimq.protocol.logs import configure_logging
+from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, run_until_signalled, start_error, version_option
 
-log = get_logger("trimq.namesrv.cli")
 
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings=CONTEXT)
+@version_option("trimq-namesrv")
 @click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9876; port 0 = any free port).")
 @click.option("--metrics-port", type=int, help="Prometheus metrics port (0 = off).")
 @click.option("--tls-cert", "tls_cert_file", help="PEM certificate to serve TLS with (docs/SECURITY.md).")
@@ -23,9 +23,8 @@ log = get_logger("trimq.namesrv.cli")
 @click.option("--tls-require-client-cert", is_flag=True, default=None, help="Mutual TLS: require client certificates.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file ([namesrv] section).")
 @click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
-@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+@click.option("--log-format", type=LOG_FORMATS, default="auto", show_default=True)
+@click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)
 def main(listen: str | None, metrics_port: int | None, tls_cert_file: str | None, tls_key_file: str | None,
          tls_ca_file: str | None, tls_require_client_cert: bool | None, config_file: str | None, print_config: bool,
          log_format: str, log_level: str) -> None:
@@ -35,7 +34,6 @@ def main(listen: str | None, metrics_port: int | None, tls_cert_file: str | None
     environment variables, then flags. SIGINT/SIGTERM stop it gracefully (exit status 0). It writes
     nothing to disk.
     """
-    from trimq.broker.cli import run_until_signalled, start_error
     from trimq.broker.namesrv.service import NamesrvConfig, serve_namesrv
 
     configure_logging(log_format, log_level)

@@ -1,6 +1,8 @@
-"""``make demo``: orderly consumption with a graceful takeover, on one machine, in about ten seconds.
+"""``make demo`` (``python -m trimq.demo``): orderly consumption with a graceful takeover, on one machine, in
+about ten seconds.
 
-One broker with its embedded name server (in-process, a free port, a temporary store), a topic with 8
+One broker with its embedded name server (in-process through :func:`trimq.testing.open_broker`: a free
+port, a temporary store), a topic with 8
 queues, a producer sending ordered messages for 100 order ids (each id's steps 0, 1, 2, ... to the queue
 its id hashes to), and three orderly consumers of one group. Midway one consumer is stopped gracefully;
 the other two take its queues over. The summary counts what was produced and consumed, per-order-id
@@ -12,7 +14,6 @@ in order, exactly once, and the takeover took under a second.
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -20,9 +21,10 @@ from typing import Any
 
 import trio
 
-from trimq.broker.broker import open_broker
-from trimq.broker.config import BrokerConfig
+from trimq.client import ConsumeOrderlyStatus, Message, Producer, PushConsumer
+from trimq.client.selectors import select_by_hash
 from trimq.protocol.logs import configure_logging
+from trimq.testing import open_broker
 
 TOPIC = "DemoOrders"
 GROUP = "demo_orderly"
@@ -59,19 +61,12 @@ def now_ms() -> float:
     return time.time() * 1000
 
 
-async def demo(store_dir: str) -> DemoResult:
-    from trimq.client import ConsumeOrderlyStatus, Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
-    from trimq.client.cli import ensure_topic
-    from trimq.client.selectors import select_by_hash
-
+async def demo() -> DemoResult:
     res = DemoResult()
-    config = BrokerConfig(listen="127.0.0.1:0", store_dir=store_dir, embedded_namesrv=True)
-    async with open_broker(config) as broker, Producer(ProducerConfig(namesrv_addr=broker.address,
-                                                                      producer_group="demo_producer")) as producer:
-        assert producer.instance is not None
-        await ensure_topic(producer.instance, TOPIC, QUEUES)
-        print(f"broker {config.broker_name} with embedded name server on {broker.address}; "
-              f"topic {TOPIC} with {QUEUES} queues")
+    async with open_broker() as cluster, Producer(cluster.producer_config("demo_producer")) as producer:
+        await cluster.create_topic(TOPIC, QUEUES)
+        broker_name, address = next(iter(cluster.broker_addrs.items()))
+        print(f"broker {broker_name} with embedded name server on {address}; topic {TOPIC} with {QUEUES} queues")
 
         def listener_for(name: str) -> Any:
             async def listener(msgs: list[Any], context: Any) -> Any:
@@ -86,9 +81,8 @@ async def demo(store_dir: str) -> DemoResult:
         running: dict[str, Any] = {}
 
         async def run_consumer(name: str, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-            consumer = PushConsumer(PushConsumerConfig(
-                namesrv_addr=broker.address, consumer_group=GROUP, instance_name=name,
-                consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+            consumer = PushConsumer(cluster.consumer_config(
+                GROUP, instance_name=name,
                 # A queue that moves between the survivors unlocks at once: RocketMQ's 20 s delay (when the
                 # queue still caches messages) would stall it; the consume lock already guarantees that
                 # nothing of it is being consumed when it is released.
@@ -214,10 +208,9 @@ def summarize(res: DemoResult) -> bool:
 
 def main() -> None:
     configure_logging("console", "warning")
-    with tempfile.TemporaryDirectory(prefix="trimq-demo-") as d:
-        started = time.monotonic()
-        res = trio.run(demo, d)
-        ok = summarize(res)
+    started = time.monotonic()
+    res = trio.run(demo)
+    ok = summarize(res)
     print(f"demo: {'OK' if ok else 'FAILED'} in {time.monotonic() - started:.1f} s")
     sys.exit(0 if ok else 1)
 

@@ -69,6 +69,7 @@ FastPath = Callable[[RemotingCommand, "Connection"], "RemotingCommand | Deferred
 # Runs before the handler; returns None to allow, or the NO_PERMISSION remark saying what is missing.
 Authorizer = Callable[[RemotingCommand, "Connection"], "str | None"]
 RECEIVE_CHUNK_BYTES = 256 * 1024
+FEED_SLICE_BYTES = 16 * 1024  # a large read is decoded this much at a time (see Connection._read_loop)
 WRITE_BATCH_BYTES = 1024 * 1024  # frames joined into one send_all at most (a copy)
 # Frames smaller than this are appended to a shared buffer instead of queued one by one: a queued bytes object
 # costs ~40 bytes beyond its length, which for small answers (a PULL_NOT_FOUND is ~100 bytes) would make the
@@ -390,44 +391,65 @@ class Connection:
                 return "broken"
             if not data:
                 return "eof"
-            try:
-                cmds = decoder.feed(data)
-            except ProtocolError as exc:
-                self.server.protocol_errors += 1
-                # A fuzzer or a wrong client hits this per connection: one line per 10 s, with a count.
-                log_rate_limited(self.server.warn_limiter, "connection.protocol_error", _mono_ms(), log.warning,
-                                 "connection.protocol_error", server=self.server.name, remote=self.remote,
-                                 conn=self.id, error=type(exc).__name__, detail=str(exc),
-                                 protocol_errors=self.server.protocol_errors)
-                return "protocol_error"
-            if not cmds:
+            if len(data) <= FEED_SLICE_BYTES:
+                stop = await self._process(decoder, data, handlers)
+                if stop is not None:
+                    return stop
                 continue
-            self.last_frame_at = trio.current_time()
-            server = self.server
-            inline = server._inline
-            fast_paths = server._fast_paths
-            for cmd in cmds:
-                if cmd.flag & FLAG_RESPONSE:
-                    ch = self._pending.get(cmd.opaque)
-                    if ch is not None:
-                        try:
-                            ch.send_nowait(cmd)
-                        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                            pass  # a second answer to the same request: the first one counts
-                    continue
-                code = cmd.code
-                out_of_range = check_field_ranges(code, cmd.ext, cmd.body)
-                if out_of_range is not None:
-                    await self._refuse_out_of_range(cmd, out_of_range)
-                    continue
-                if code in inline:
-                    await self._dispatch(cmd)
-                    continue
-                fast = fast_paths.get(code)
-                if fast is not None and await self._try_fast(cmd, fast):
-                    continue
-                await self._inflight.acquire()
-                handlers.start_soon(self._handle, cmd)
+            # Decoded requests cost several times their bytes: decode a big read in slices and stop between
+            # them when this peer falls behind, so a paused peer holds at most a slice of decoded requests.
+            view = memoryview(data)
+            for start in range(0, len(data), FEED_SLICE_BYTES):
+                if start and self._out_bytes and self._over_budget():
+                    await self._wait_for_space()
+                    if self.closed:
+                        return "closed"
+                stop = await self._process(decoder, view[start:start + FEED_SLICE_BYTES], handlers)
+                if stop is not None:
+                    return stop
+
+    async def _process(self, decoder: FrameDecoder, data: bytes | bytearray | memoryview,
+                       handlers: trio.Nursery) -> str | None:
+        """Decode ``data`` and handle the requests it completes; "protocol_error" when it is malformed."""
+        try:
+            cmds = decoder.feed(data)
+        except ProtocolError as exc:
+            self.server.protocol_errors += 1
+            # A fuzzer or a wrong client hits this per connection: one line per 10 s, with a count.
+            log_rate_limited(self.server.warn_limiter, "connection.protocol_error", _mono_ms(), log.warning,
+                             "connection.protocol_error", server=self.server.name, remote=self.remote,
+                             conn=self.id, error=type(exc).__name__, detail=str(exc),
+                             protocol_errors=self.server.protocol_errors)
+            return "protocol_error"
+        if not cmds:
+            return None
+        self.last_frame_at = trio.current_time()
+        server = self.server
+        inline = server._inline
+        fast_paths = server._fast_paths
+        for cmd in cmds:
+            if cmd.flag & FLAG_RESPONSE:
+                ch = self._pending.get(cmd.opaque)
+                if ch is not None:
+                    try:
+                        ch.send_nowait(cmd)
+                    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass  # a second answer to the same request: the first one counts
+                continue
+            code = cmd.code
+            out_of_range = check_field_ranges(code, cmd.ext, cmd.body)
+            if out_of_range is not None:
+                await self._refuse_out_of_range(cmd, out_of_range)
+                continue
+            if code in inline:
+                await self._dispatch(cmd)
+                continue
+            fast = fast_paths.get(code)
+            if fast is not None and await self._try_fast(cmd, fast):
+                continue
+            await self._inflight.acquire()
+            handlers.start_soon(self._handle, cmd)
+        return None
 
     async def _refuse_out_of_range(self, cmd: RemotingCommand, remark: str) -> None:
         """A request with a number outside its Java type's range (protocol/fields.py) never reaches its handler:

@@ -243,8 +243,6 @@ class Offsets:
 
 
 class Pulls:
-    def __init__(self) -> None:
-
     def start(self, request: Any) -> None: ...
 
     def cancel(self, process_queue: Any) -> None: ...

@@ -22,7 +22,8 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m trimq.demo
 
-# mypy reads the layer folders through build/typecheck/trimq, links that lay them out as installed.
+# mypy and lint-imports read the layer folders through build/typecheck/trimq, links that lay them out as
+# installed (neither follows setuptools' editable-install import hook).
 TYPECHECK := build/typecheck/trimq
 LAYERS := protocol broker client spark_jobs tools testing demo
 
@@ -31,6 +32,7 @@ lint: $(STAMP)
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)
 	cp trimq/__init__.py trimq/py.typed $(TYPECHECK)/
 	for layer in $(LAYERS); do ln -s ../../../$$layer $(TYPECHECK)/$$layer; done
+	cd build/typecheck && ../../$(BIN)/lint-imports --config ../../pyproject.toml
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -1,7 +1,7 @@
 """The nightly audit of a trimq (or RocketMQ 4.x) store: checks, Parquet tables, summary.json, report.html.
 
 Use ``run_audit(spark, AuditOptions(...))`` from Python, ``trimq-audit`` from a shell, or
-``spark-submit .../spark_jobs/audit.py --store DIR --out DIR`` on a cluster (with
+``spark-submit .../spark_jobs/cli.py --store DIR --out DIR`` on a cluster (with
 ``--py-files trimq-deps.zip``, see docs/AUDIT.md). The checks and their meaning are in
 ``trimq.spark_jobs.checks`` and docs/AUDIT.md.
 
@@ -509,13 +509,3 @@ def audit_store(
     """One-line audit for tests and notebooks: ``audit_store(spark, store, out, since_ms=...)``."""
     return run_audit(spark, AuditOptions(store=os.fspath(store_dir), out=os.fspath(out_dir), **opts))
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point for ``spark-submit spark_jobs/audit.py --store ... --out ...``."""
-    from trimq.spark_jobs.cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

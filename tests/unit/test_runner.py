@@ -13,14 +13,13 @@ from typing import Any
 import pytest
 import trio
 
-from trimq.broker.broker import Broker, open_broker
-from trimq.broker.config import BrokerConfig
 from trimq.client.api import SendStatus
 from trimq.client.config import ProducerConfig
 from trimq.client.errors import InvalidTopicError
 from trimq.client.producer import Producer
 from trimq.client.runner import RunnerClosedError, TrioRunner
 from trimq.protocol.message import Message
+from trimq.testing import Cluster, open_broker
 
 
 @pytest.fixture
@@ -29,14 +28,14 @@ def runner() -> Iterator[TrioRunner]:
         yield r
 
 
-def start_broker(runner: TrioRunner, tmp_path: Path) -> Broker:
-    cfg = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"), embedded_namesrv=True)
-    return runner.enter(open_broker(cfg))
+def start_broker(runner: TrioRunner, tmp_path: Path) -> Cluster:
+    """A broker with its embedded name server (trimq.testing), run by the runner until it closes."""
+    return runner.enter(open_broker(store_dir=str(tmp_path / "store")))
 
 
 def test_producer_from_plain_threads(runner: TrioRunner, tmp_path: Path) -> None:
     broker = start_broker(runner, tmp_path)
-    producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.address, producer_group="runner_p")))
+    producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.namesrv_addr, producer_group="runner_p")))
     results: list[Any] = []
     lock = threading.Lock()
 
@@ -61,7 +60,7 @@ def test_producer_from_plain_threads(runner: TrioRunner, tmp_path: Path) -> None
 
 def test_producer_from_asyncio(runner: TrioRunner, tmp_path: Path) -> None:
     broker = start_broker(runner, tmp_path)
-    producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.address, producer_group="runner_a")))
+    producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.namesrv_addr, producer_group="runner_a")))
 
     async def main() -> list[Any]:
         ticks = 0
@@ -177,14 +176,10 @@ def test_push_consumer_from_threads_and_asyncio(runner: TrioRunner, tmp_path: Pa
         PushConsumer,
         PushConsumerConfig,
     )
-    from trimq.client.admin import Admin
-
     broker = start_broker(runner, tmp_path)
-    producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.address, producer_group="runner_pc")))
-    assert producer.instance is not None
-    admin = Admin(producer.instance.api, [broker.address])
-    runner.call(admin.ensure_topic, "RunnerT1", 2)
-    runner.call(admin.ensure_topic, "RunnerT2", 2)
+    producer = runner.enter(Producer(ProducerConfig(namesrv_addr=broker.namesrv_addr, producer_group="runner_pc")))
+    runner.call(broker.create_topic, "RunnerT1", 2)
+    runner.call(broker.create_topic, "RunnerT2", 2)
 
     got_sync: list[bytes] = []
     sync_threads: set[str] = set()
@@ -199,7 +194,7 @@ def test_push_consumer_from_threads_and_asyncio(runner: TrioRunner, tmp_path: Pa
                 done_sync.set()
         return ConsumeOrderlyStatus.SUCCESS
 
-    c1 = PushConsumer(PushConsumerConfig(namesrv_addr=broker.address, consumer_group="runner_c1",
+    c1 = PushConsumer(PushConsumerConfig(namesrv_addr=broker.namesrv_addr, consumer_group="runner_c1",
                                          consume_from_where="CONSUME_FROM_FIRST_OFFSET"))
     c1.subscribe("RunnerT1", "*")
     c1.register_message_listener_orderly(sync_listener)
@@ -211,7 +206,7 @@ def test_push_consumer_from_threads_and_asyncio(runner: TrioRunner, tmp_path: Pa
         got_async.extend(m.body for m in msgs)  # runs in the trio thread: no lock needed there
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    c2 = PushConsumer(PushConsumerConfig(namesrv_addr=broker.address, consumer_group="runner_c2",
+    c2 = PushConsumer(PushConsumerConfig(namesrv_addr=broker.namesrv_addr, consumer_group="runner_c2",
                                          consume_from_where="CONSUME_FROM_FIRST_OFFSET"))
     c2.subscribe("RunnerT2", "*")
     c2.register_message_listener_concurrently(async_listener)

@@ -11,6 +11,12 @@ Options (case-insensitive):
   (4 MiB, or one record if larger) at a time, whatever the segment size.
 * ``maxRecordSize`` -- the largest total size taken as plausible when resynchronising (default 4 MiB
   plus topic and properties, RocketMQ's maxMessageSize).
+* ``columns`` -- a comma-separated projection (Python data sources get no column pruning from Spark):
+  record columns, the derived columns of ``spark_jobs.vectorized.DERIVED_COLUMNS`` (``shard_key``,
+  ``split_start``, ``queue_step``, ``born_step``) and ``prop_<NAME>`` (one property as a string
+  column). Default: every record column, ``RECORD_SCHEMA``.
+* ``scanner`` -- ``vectorized`` (default: ``spark_jobs.vectorized``, column-wise Arrow batches) or
+  ``sequential`` (``spark_jobs.parser``, record by record; the same rows, kept as the reference).
 
 ``spark.read.format("trimq-consumequeue").load(path)`` reads ``consumequeue/<topic>/<qid>/`` files of
 20-byte units (all-zero units, i.e. unwritten ones, are skipped).
@@ -42,17 +48,16 @@ from pyspark.sql.types import (
 )
 
 from trimq.spark_jobs.parser import (
-    COLUMN_INDEX,
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_RECORD_SIZE,
     DEFAULT_SPLIT_SIZE,
-    RowBatch,
     SegmentPathError,
     SegmentSplit,
     SplitScanner,
     plan_splits,
     resolve_segments,
 )
+from trimq.spark_jobs.vectorized import VectorScanner, batch_to_arrow, column_type
 
 FORMAT_NAME = "trimq-commitlog"
 CQ_FORMAT_NAME = "trimq-consumequeue"
@@ -161,28 +166,45 @@ class SplitPartition(InputPartition):
         self.split = split
 
 
-def batch_to_arrow(batch: RowBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Convert a parser RowBatch to a RecordBatch with exactly ``schema`` (RECORD_SCHEMA as Arrow)."""
-    cols = batch.columns()
-    arrays = []
-    n = len(batch.rows)
-    for field in schema:
-        if field.name == "segment" and n and cols[0].count(cols[0][0]) == n:
-            # One split is one file: a constant column, built without converting n strings.
-            arrays.append(pa.repeat(pa.scalar(cols[0][0], pa.string()), n))
-        elif field.name == "properties":
-            arrays.append(
-                pa.MapArray.from_arrays(
-                    pa.array(batch.prop_offsets, pa.int32()),
-                    pa.array(batch.prop_keys, pa.string()),
-                    pa.array(batch.prop_values, pa.string()),
-                    type=field.type,
-                    mask=pa.array(batch.prop_null, pa.bool_()),
-                )
-            )
+_SPARK_TYPES = {
+    pa.string(): StringType(),
+    pa.int64(): LongType(),
+    pa.int32(): IntegerType(),
+    pa.bool_(): BooleanType(),
+    pa.binary(): BinaryType(),
+}
+
+
+def columns_option(options: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The ``columns`` option as a tuple of names (None when absent). Raises OptionError for unknown names."""
+    raw = options.get("columns")
+    if raw is None or not str(raw).strip():
+        return None
+    names = tuple(c.strip() for c in str(raw).split(",") if c.strip())
+    for c in names:
+        try:
+            column_type(c)
+        except KeyError:
+            raise OptionError(
+                f"{FORMAT_NAME}: unknown column {c!r} in option columns (record columns, shard_key, split_start, "
+                "queue_step, born_step, prop_<NAME>)"
+            ) from None
+    if len(set(names)) != len(names):
+        raise OptionError(f"{FORMAT_NAME}: option columns names a column twice: {raw!r}")
+    return names
+
+
+def spark_schema(columns: Sequence[str] | None) -> StructType:
+    """The Spark schema of a projection (None: ``RECORD_SCHEMA``)."""
+    if columns is None:
+        return RECORD_SCHEMA
+    fields = []
+    for c in columns:
+        if c in RECORD_SCHEMA.names:
+            fields.append(StructField(c, RECORD_SCHEMA[c].dataType))
         else:
-            arrays.append(pa.array(cols[COLUMN_INDEX[field.name]], type=field.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+            fields.append(StructField(c, _SPARK_TYPES[column_type(c)]))
+    return StructType(fields)
 
 
 class CommitLogReader(DataSourceReader):
@@ -194,6 +216,12 @@ class CommitLogReader(DataSourceReader):
         self.batch_size = parse_size(options.get("batchSize", DEFAULT_BATCH_SIZE), "batchSize")
         self.max_record_size = parse_size(options.get("maxRecordSize", DEFAULT_MAX_RECORD_SIZE), "maxRecordSize")
         self.include_body = _bool_option(options, "includeBody", False)
+        self.columns = columns_option(options)
+        self.scanner = str(options.get("scanner", "vectorized")).strip().lower()
+        if self.scanner not in ("vectorized", "sequential"):
+            raise OptionError(f"option scanner must be vectorized or sequential, got {options['scanner']!r}")
+        if self.scanner == "sequential" and self.columns is not None:
+            raise OptionError("option columns needs the vectorized scanner")
 
     def partitions(self) -> Sequence[InputPartition]:
         splits = plan_splits(resolve_segments(self.path), self.split_size)
@@ -205,15 +233,24 @@ class CommitLogReader(DataSourceReader):
         split = getattr(partition, "split", None)
         if split is None:
             return
-        schema = to_arrow_schema(RECORD_SCHEMA, timezone="UTC")
-        scanner = SplitScanner(
+        if self.scanner == "sequential":
+            schema = to_arrow_schema(RECORD_SCHEMA, timezone="UTC")
+            scanner = SplitScanner(
+                split,
+                include_body=self.include_body,
+                batch_size=self.batch_size,
+                max_record_size=self.max_record_size,
+            )
+            for batch in scanner.batches():
+                yield batch_to_arrow(batch, schema)
+            return
+        yield from VectorScanner(
             split,
+            columns=self.columns,
             include_body=self.include_body,
             batch_size=self.batch_size,
             max_record_size=self.max_record_size,
-        )
-        for batch in scanner.batches():
-            yield batch_to_arrow(batch, schema)
+        ).batches()
 
 
 class CommitLogDataSource(DataSource):
@@ -224,11 +261,13 @@ class CommitLogDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
-        return RECORD_SCHEMA
+        return spark_schema(columns_option(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        if schema != RECORD_SCHEMA:
-            raise OptionError(f"{FORMAT_NAME} has a fixed schema; do not pass .schema(...) to the reader")
+        if schema != self.schema():
+            raise OptionError(
+                f"{FORMAT_NAME} has a fixed schema (choose columns with option columns); do not pass .schema(...)"
+            )
         return CommitLogReader(self.options)
 
 

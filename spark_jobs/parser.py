@@ -32,7 +32,7 @@ import os
 import socket
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from trimq.protocol.record import (
@@ -412,14 +412,29 @@ class SplitScanner:
             os.close(self._fd)
             self._fd = -1
 
-    def _walk(self) -> Iterator[RowBatch]:
+    def _walk(
+        self,
+        start: int | None = None,
+        owned_end: int | None = None,
+        end_checked: bool = False,
+        one_item: bool = False,
+    ) -> Generator[RowBatch, None, tuple[int | None, int, bool]]:
+        """Walk the record chain; yield RowBatches. Returns ``(next position or None, owned_end, end_checked)``.
+
+        By default it walks the whole split. The vectorised reader (``spark_jobs.vectorized``) calls it with
+        ``start`` (a position on the chain), the ``owned_end`` state it already computed and ``one_item``:
+        then it handles exactly one record or malformed region and returns where the chain resumes (None
+        when nothing follows in this split), so the fast path can take over again.
+        """
         split = self.split
         size_f = self._size
-        pos: int | None = 0 if split.start == 0 else self._sync(split.start, split.end)
+        pos: int | None = start
         if pos is None:
-            return
-        owned_end = split.end
-        end_checked = False
+            pos = 0 if split.start == 0 else self._sync(split.start, split.end)
+        if pos is None:
+            return None, split.end, end_checked
+        if owned_end is None:
+            owned_end = split.end
         segment = split.segment
         include_body = self.include_body
         batch_size = self.batch_size
@@ -540,6 +555,10 @@ class SplitScanner:
                                 False, None,
                             ))
                             pos += size
+                            if one_item:
+                                mv.release()
+                                yield batch
+                                return pos, owned_end, end_checked
                             if len(rows) >= batch_size:
                                 yield batch
                                 batch = RowBatch()
@@ -582,6 +601,10 @@ class SplitScanner:
                 region_end = max(self._data_end(pos), min(pos + 8, size_f))
             magic_val = _SIZE_MAGIC.unpack_from(buf, o)[1] if avail >= 8 else None
             self._append_malformed(batch, pos, region_end, kind, detail, nxt is None, magic_val)
+            if one_item:
+                mv.release()
+                yield batch
+                return nxt, owned_end, end_checked
             if len(rows) >= batch_size:
                 yield batch
                 batch = RowBatch()
@@ -594,6 +617,7 @@ class SplitScanner:
         mv.release()
         if batch.rows:
             yield batch
+        return None, owned_end, end_checked
 
     def _append_malformed(
         self,

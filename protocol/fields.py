@@ -83,6 +83,12 @@ BODY_FIELD_TYPES: dict[int, list[tuple[tuple[str, ...], str]]] = {
                                       (("offsetTable", "*", "mq", "queueId"), INT)],
 }
 
+# The tables flattened for the per-request check: code -> ((field, lowest, highest, Java type), ...).
+_EXT_CHECKS: dict[int, tuple[tuple[str, int, int, str], ...]] = {
+    code: tuple((name, *JAVA_RANGES[java], java) for name, java in fields.items())
+    for code, fields in FIELD_TYPES.items()
+}
+
 _SHOWN_DIGITS = 40  # a remark shows at most this many characters of an offending value
 
 
@@ -133,18 +139,19 @@ def check_field_ranges(code: int, ext: dict[str, Any], body: Any = None) -> str 
     remark naming the first field that is not, its value and the range (e.g. ``header field 'commitOffset' =
     9223372036854775808 is outside the range of a Java long (int64): [-9223372036854775808,
     9223372036854775807]``). Codes without numeric fields cost one dict lookup."""
-    fields = FIELD_TYPES.get(code)
-    if fields is not None and ext:
-        for name, java in fields.items():
-            raw = ext.get(name)
+    checks = _EXT_CHECKS.get(code)
+    if checks is not None and ext:
+        get = ext.get
+        for name, lo, hi, java in checks:
+            raw = get(name)
             if raw is None:
                 continue
-            value = _as_int(raw)
-            if value is None:
-                continue
-            lo, hi = JAVA_RANGES[java]
-            if not lo <= value <= hi:
-                return _out_of_range("header", name, value, java)
+            if type(raw) is not int:
+                raw = _as_int(raw)
+                if raw is None:
+                    continue
+            if not lo <= raw <= hi:
+                return _out_of_range("header", name, raw, java)
     paths = BODY_FIELD_TYPES.get(code)
     if paths is not None and isinstance(body, dict):
         for path, java in paths:

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test demo lint bench chaos fuzz clean
+.PHONY: install test demo lint bench chaos fuzz clean promtool
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,8 +16,23 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) promtool
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# promtool checks deploy/prometheus/ in the tests (tests/unit/test_deploy_configs.py). When it is not on PATH
+# it is taken out of Debian's prometheus package into build/tools/usr/bin without installing the package
+# (apt-get download + dpkg-deb: no Prometheus service is enabled or started); the package lists are
+# refreshed first when the download needs it and this is root. Elsewhere the promtool tests skip.
+TOOLS := build/tools
+promtool:
+	@if ! command -v promtool >/dev/null 2>&1 && [ ! -x $(TOOLS)/usr/bin/promtool ] \
+	    && command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then \
+	  mkdir -p $(TOOLS)/deb && cd $(TOOLS)/deb && rm -f prometheus_*.deb && \
+	  { apt-get download -qq prometheus 2>/dev/null \
+	    || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get download -qq prometheus; }; } \
+	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x -C .. ./usr/bin/promtool \
+	  && rm -f prometheus_*.deb && echo "promtool: $(TOOLS)/usr/bin/promtool"; \
+	fi
 
 demo: $(STAMP)
 	$(BIN)/python -m trimq.demo
@@ -32,7 +47,7 @@ lint: $(STAMP)
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)
 	cp trimq/__init__.py trimq/py.typed $(TYPECHECK)/
 	for layer in $(LAYERS); do ln -s ../../../$$layer $(TYPECHECK)/$$layer; done
-	cd build/typecheck && ../../$(BIN)/lint-imports --config ../../pyproject.toml
+	cd build/typecheck && $(abspath $(BIN))/lint-imports --config $(abspath pyproject.toml)
 	$(BIN)/mypy
 
 bench: $(STAMP)

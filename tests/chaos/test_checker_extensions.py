@@ -101,3 +101,17 @@ def test_a_replay_handed_over_gracefully_continues(tmp_path: Path) -> None:
     r = run(tmp_path, 8, consumed([0, 1, 2, 3, 4, 5], "A", 10), consumed([3, 4], "B", 300),
             consumed([5, 6, 7], "C", 400), stops=[Stop("A", 200, graceful=False), Stop("B", 350, graceful=True)])
     assert r.ok, r.text()
+
+
+def test_a_paused_consumer_starting_a_batch_after_its_lease_is_counted(tmp_path: Path) -> None:
+    # A was paused at 100 (lease 50 ms: over at 150 at the latest); B took the queue over and consumed it from
+    # 200 to 360. After SIGCONT at 300, A completes its in-flight offset 4 (a late completion, started before
+    # the pause) and then starts offset 5 while B still holds the queue: started after its lease (issue 14).
+    b = [{**r, "consume_time": 200 + 20 * i} for i, r in enumerate(consumed(list(range(3, 12)), "B", 0))]
+    parts = (consumed([0, 1, 2, 3], "A", 10), b, consumed([4, 5], "A", 301))
+    r = run(tmp_path, 12, *parts, pauses=[Pause("A", 100, 300)], lease_ms=50)
+    assert r.late_completions == 1 and r.started_after_lease == 1
+    assert any("after its lease ran out" in v for v in r.violations)
+    assert "started after lease: 1" in r.text()
+    r = run(tmp_path, 12, *parts[:2], consumed([4], "A", 301), pauses=[Pause("A", 100, 300)], lease_ms=50)
+    assert r.started_after_lease == 0 and r.ok, r.text()  # the late completion alone is allowed

@@ -53,6 +53,12 @@ Extras for the chaos suite (tests/chaos/; all optional, the rules above are unch
   **offset regression** is a violation: someone rewound the queue).
 * A replay handed over mid-way (gracefully) continues with its next owner: an owner change that starts
   exactly after the previous record of a replay continues that replay.
+* ``lease_ms`` (issue 14: queue locks are leases): **started after lease** counts the records a paused consumer
+  made after its lease had surely run out (its last renewal was sent before SIGSTOP, so after ``stop_ms +
+  lease_ms``) on a queue another consumer had taken over meanwhile, while that consumer still held it (it
+  consumed the queue both before and after the record) — other than late completions, which were started
+  before the pause. The client starts no batch after its own deadline, so this must be 0; each one is also
+  reported as a violation.
 
 Use :func:`check` (returns a :class:`Report`; ``report.ok``, ``report.text()``), or from a shell
 ``python -m tests.e2e.checker --producer P.jsonl --consumer C1.jsonl --consumer C2.jsonl --crashed ID``.
@@ -142,6 +148,7 @@ class Report:
     key_detail: str = ""
     takeovers: list[Takeover] = field(default_factory=list)
     late_completions: int = 0
+    started_after_lease: int = 0
     broker_replays: int = 0  # replays allowed by a broker crash (stale persisted offsets)
     offset_regressions: list[str] = field(default_factory=list)
 
@@ -166,6 +173,8 @@ class Report:
             f"missing: {len(self.missing)}",
             f"duplicates: {self.duplicates} (replayed after crashes: {self.replayed}, in {len(self.replays)} replays)",
         ]
+        if self.started_after_lease:
+            lines.append(f"started after lease: {self.started_after_lease}")
         if self.late_completions or self.broker_replays or self.offset_regressions:
             lines.append(f"late completions after a pause: {self.late_completions}; replays after broker crashes: "
                          f"{self.broker_replays}; committed-offset regressions: {len(self.offset_regressions)}")
@@ -232,6 +241,7 @@ def check(
     late_batch: int = 1,
     late_window_ms: int = 2000,
     broker_replay_window_ms: int = 20_000,
+    lease_ms: int | None = None,
 ) -> Report:
     """Judge the record files; see the module documentation for the rules."""
     pauses = sorted(pauses, key=lambda p: p.stop_ms)
@@ -301,6 +311,9 @@ def check(
     for q, qs in sorted(samples.items()):
         _check_monotonic(q, sorted(qs), [c for c in crashes if c.broker == q[1]], report)
 
+    if pauses and lease_ms is not None:
+        for q, recs in sorted(by_queue.items()):
+            _started_after_lease(q, recs, pauses, late, lease_ms, report)
     _check_keys([c for c in consumed if id(c[3]) not in late], produced, key_seqs, allowed_replay, bad, report)
     report.takeovers = _takeovers(stops, by_queue)
     return report
@@ -324,6 +337,28 @@ def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batc
             out.add(id(r))
             expected += 1
     return out
+
+
+def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Pause], late: set[int], lease_ms: int,
+                         report: Report) -> None:
+    """Records of a paused consumer on ``q`` started after its lease ran out while another consumer held ``q``
+    (module documentation)."""
+    for p in pauses:
+        expired = p.stop_ms + lease_ms
+        takers = [r for r in recs if r["client_id"] != p.client_id and int(r["consume_time"]) > p.stop_ms]
+        if not takers:
+            continue
+        taker = takers[0]["client_id"]
+        taker_times = [int(r["consume_time"]) for r in takers if r["client_id"] == taker]
+        for r in recs:
+            t = int(r["consume_time"])
+            if r["client_id"] != p.client_id or id(r) in late or t <= expired or t < p.cont_ms:
+                continue
+            if taker_times[0] <= t <= taker_times[-1]:
+                report.started_after_lease += 1
+                report.violations.append(f"{_qname(q)}: {p.client_id} consumed offset {r['queue_offset']} at {t}, "
+                                         f"after its lease ran out (paused at {p.stop_ms}), while {taker} held the "
+                                         "queue")
 
 
 def _check_monotonic(q: Queue, samples: list[tuple[int, int]], crashes: list[BrokerCrash], report: Report) -> None:

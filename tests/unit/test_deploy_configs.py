@@ -518,16 +518,99 @@ def test_prometheus_scrapes_every_daemon_of_the_example_cluster() -> None:
 # Grafana dashboard
 
 
-def known_metrics() -> set[str]:
+def _exported_client_metrics() -> dict[str, set[str]]:
+    """The push consumer's series names and their labels, read from a live registry (every metric fed once)."""
+    from prometheus_client import CollectorRegistry
+
+    from trimq.client.metrics import ConsumerMetrics, QueueState
+
+    class Source:
+        group_name = "g"
+
+        def metrics_state(self) -> tuple[list[QueueState], dict[str, int], int]:
+            return [QueueState("T", "broker-a", 0, 1, 1, True, 1.0, 1)], {"pulls": 1}, 1
+
+    metrics = ConsumerMetrics("g", CollectorRegistry())
+    source = Source()
+    metrics.attach(source)
+    metrics.observe_consume("T", 0.1)
+    metrics.count_consumed("T", 1, 1)
+    metrics.observe_pull("T", 0.1)
+    metrics.count_send_back("broker")
+    metrics.observe_rebalance(0.1)
+    out: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def metric_labels() -> dict[str, set[str]]:
+    """Every series name trimq exports (histograms with their _bucket/_count/_sum) -> its label names.
+
+    The broker's and name server's come from their METRICS tables (which docs/OPERATIONS.md repeats), the
+    push consumer's from a live registry; Prometheus's own ``up`` is added (every scrape target has it)."""
     from trimq.broker import metrics as broker_metrics
     from trimq.broker.namesrv import metrics as namesrv_metrics
 
-    names = set(broker_metrics.METRICS) | set(namesrv_metrics.METRICS)
-    # The client's: the table in client/metrics.py's docstring (counters listed with their _total name).
+    out: dict[str, set[str]] = {"up": set()}
+    for table in (broker_metrics.METRICS, namesrv_metrics.METRICS):
+        for name, (kind, labels, _meaning) in table.items():
+            names = {x.strip() for x in labels.split(",") if x.strip()}
+            out.setdefault(name, set()).update(names)
+            if kind == "histogram":
+                out.setdefault(f"{name}_bucket", set()).update(names | {"le"})
+                for suffix in ("_count", "_sum"):
+                    out.setdefault(name + suffix, set()).update(names)
+    out.update(_exported_client_metrics())
+    return out
+
+
+def known_metrics() -> set[str]:
+    return set(metric_labels())
+
+
+#: labels Prometheus adds to every series it scrapes (prometheus.yml sets no others).
+TARGET_LABELS = {"job", "instance"}
+
+
+def check_promql(expr: str, where: str, known: dict[str, set[str]], legend: str = "") -> None:
+    """Every metric ``expr`` reads exists, and every label it groups, matches or prints (``legend``) is one of
+    those metrics' labels or a target label: a renamed label fails here instead of graphing nothing."""
+    assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), (where, expr)
+    names = set(re.findall(r"\b(trimq_[a-z_]+|up)\b(?=\s*[{\[)\s]|$)", expr))
+    assert names, f"{where}: reads no trimq metric: {expr}"
+    labels = set(TARGET_LABELS)
+    for name in names:
+        assert name in known, f"{where}: unknown metric {name} in {expr}"
+        labels |= known[name]
+    used = set()
+    for group in re.findall(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", expr):
+        used |= {x.strip() for x in group.split(",") if x.strip()}
+    for selector in re.findall(r"\{([^}]*)\}", expr):
+        used |= set(re.findall(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)", selector))
+    used |= set(re.findall(r"\{\{\s*\.?([A-Za-z_]\w*)\s*\}\}", legend))
+    assert used <= labels, f"{where}: label(s) {sorted(used - labels)} not on {sorted(names)}: {expr}"
+
+
+def test_promql_check_catches_unknown_metrics_and_labels() -> None:
+    known = metric_labels()
+    check_promql('sum by (consumer_group) (trimq_consumer_lag_messages{topic="T"})', "ok", known)
+    with pytest.raises(AssertionError, match="unknown metric"):
+        check_promql("trimq_consumer_lagg_messages > 0", "typo", known)
+    with pytest.raises(AssertionError, match=r"label\(s\) \['consumer'\]"):
+        check_promql("sum by (consumer) (trimq_consumer_lag_messages)", "label", known)
+    with pytest.raises(AssertionError, match=r"label\(s\) \['group'\]"):
+        check_promql("trimq_locks_held", "legend", known, legend="{{group}}")
+
+
+def test_client_metrics_docstring_lists_what_the_registry_exports() -> None:
     from trimq.client import metrics as client_metrics
 
-    names |= set(re.findall(r"^(trimq_consumer_[a-z_]+)\s", client_metrics.__doc__ or "", re.MULTILINE))
-    return names
+    documented = set(re.findall(r"^(trimq_consumer_[a-z_]+)\s", client_metrics.__doc__ or "", re.MULTILINE))
+    exported = {re.sub(r"_(bucket|count|sum)$", "", n) for n in _exported_client_metrics()
+                if not n.endswith("_created")}
+    assert documented == exported
 
 
 def dashboard_exprs(dash: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -551,12 +634,10 @@ def test_grafana_dashboard() -> None:
         mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
         assert not cells & mine, f"panel {p['title']!r} overlaps another"
         cells |= mine
-    known = known_metrics()
-    suffix = re.compile(r"_(bucket|count|sum)$")
-    for title, expr in dashboard_exprs(dash):
-        assert expr.count("(") == expr.count(")"), (title, expr)
-        for name in re.findall(r"\btrimq_[a-z_]+", expr):
-            assert name in known or suffix.sub("", name) in known, f"{title}: unknown metric {name}"
+    known = metric_labels()
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            check_promql(target["expr"], panel["title"], known, target.get("legendFormat", ""))
 
 
 def test_dashboard_and_scrape_jobs_agree() -> None:
@@ -566,6 +647,94 @@ def test_dashboard_and_scrape_jobs_agree() -> None:
         for job in re.findall(r'job="([^"]+)"', expr):
             assert job in jobs, (title, job)
 
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Alert rules (deploy/prometheus/alerts.yml): structure and names here, promtool below
+
+
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    doc = parse_yaml(ALERTS.read_text())
+    assert set(doc) == {"groups"}
+    rules = []
+    for group in doc["groups"]:
+        assert set(group) == {"name", "rules"} and group["rules"], group.get("name")
+        rules.extend(group["rules"])
+    return rules
+
+
+def test_alert_rules_read_metrics_and_labels_trimq_exports() -> None:
+    known = metric_labels()
+    rules = alert_rules()
+    names = [r["alert"] for r in rules]
+    assert len(names) == len(set(names))
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert rule["labels"]["severity"] in ("info", "warning", "critical"), rule["alert"]
+        assert set(rule["annotations"]) == {"summary", "description"}, rule["alert"]
+        if "for" in rule:
+            assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
+        expr = str(rule["expr"])
+        check_promql(expr, rule["alert"], known)
+        # the annotations print only labels the alert keeps
+        check_promql(expr, rule["alert"], known, " ".join(rule["annotations"].values()).replace("$labels", ""))
+        for job in re.findall(r'job="([^"]+)"', expr):
+            assert job in scrape_targets(), (rule["alert"], job)
+    # what the issue asks for: lag growing, a blocked orderly queue, DLQ growth, a broker down
+    wanted = {"TrimqConsumerLagGrowing": "trimq_consumer_lag_messages",
+              "TrimqOrderlyQueueBlocked": "trimq_consumer_queue_blocked_seconds",
+              "TrimqDeadLetters": "trimq_send_to_dlq_messages_total", "TrimqBrokerDown": 'up{job="trimq-broker"}'}
+    by_name = {r["alert"]: str(r["expr"]) for r in rules}
+    for alert, metric in wanted.items():
+        assert metric in by_name.get(alert, ""), alert
+
+
+def test_prometheus_config_loads_the_alert_rules() -> None:
+    doc = parse_yaml((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert doc["rule_files"] == ["alerts.yml"]
+
+
+def promtool() -> str:
+    """promtool from PATH or where `make test` puts it; a machine that could install it must have it."""
+    import os
+
+    found = shutil.which("promtool") or (ROOT / "build" / "tools" / "usr" / "bin" / "promtool")
+    if Path(found).is_file():
+        return str(found)
+    if os.geteuid() == 0 and shutil.which("apt-get") and shutil.which("dpkg-deb"):
+        pytest.fail("promtool is missing although this machine can install it: run `make promtool` "
+                    "(`make test` does) or `apt-get install prometheus`")
+    pytest.skip("promtool is not installed and this is not root (Debian: apt-get install prometheus); "
+                "the parser tests still check alerts.yml")
+
+
+def _promtool(*args: str, cwd: Path) -> str:
+    out = subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+    assert out.returncode == 0, f"promtool {' '.join(args)}:\n{out.stdout}{out.stderr}"
+    return out.stdout
+
+
+def test_promtool_accepts_the_rules_and_the_config() -> None:
+    prom = DEPLOY / "prometheus"
+    assert f"SUCCESS: {len(alert_rules())} rules found" in _promtool("check", "rules", "alerts.yml", cwd=prom)
+    assert "SUCCESS: 1 rule files found" in _promtool("check", "config", "prometheus.yml", cwd=prom)
+
+
+def test_promtool_alert_cases() -> None:
+    """deploy/prometheus/alerts_test.yml: series as trimq exports them, and the alerts that must (not) fire."""
+    _promtool("test", "rules", "alerts_test.yml", cwd=DEPLOY / "prometheus")
+
+
+def test_promtool_parses_the_dashboard_queries(tmp_path: Path) -> None:
+    dash = json.loads((DEPLOY / "grafana" / "trimq.json").read_text())
+    lines = ["groups:", "  - name: dashboard", "    rules:"]
+    for i, (_title, expr) in enumerate(dashboard_exprs(dash)):
+        lines += [f"      - record: dashboard:query_{i}", f"        expr: {json.dumps(expr.replace('$group', '.*'))}"]
+    (tmp_path / "dashboard.yml").write_text("\n".join(lines) + "\n")
+    _promtool("check", "rules", "dashboard.yml", cwd=tmp_path)
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:

@@ -431,13 +431,11 @@ class VectorScanner:
         if "body_crc" in need:
             cols["body_crc"] = pa.array(crc)
         if "crc_ok" in need:
-            mv = memoryview(buf)
             crc32 = zlib.crc32
             got = np.fromiter(
-                map(crc32, map(mv.__getitem__, map(slice, b0.tolist(), (b0 + body_len).tolist()))),
+                map(crc32, map(buf.__getitem__, map(slice, b0.tolist(), (b0 + body_len).tolist()))),
                 dtype=np.int64, count=n,
             )
-            mv.release()
             cols["crc_ok"] = pa.array((got & 0x7FFFFFFF) == crc)
         for name, off, typ in (("queue_id", 12, np.int32), ("flag", 16, np.int32)):
             if name in need:
@@ -512,7 +510,8 @@ class VectorScanner:
         n = len(sh)
         if not v6.any():
             digits = np.empty((n, 32), dtype=np.uint8)
-            digits[:, :16] = _hex16(i64[sh].astype(np.int64).view(np.uint64))
+            hosts, inverse = np.unique(i64[sh].astype(np.int64), return_inverse=True)
+            digits[:, :16] = _hex16(hosts.view(np.uint64))[inverse.ravel()]
             digits[:, 16:] = _hex16(phys.view(np.uint64))
             offs = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
             return pa.StringArray.from_buffers(n, pa.py_buffer(offs), pa.py_buffer(digits.tobytes()))
@@ -524,53 +523,95 @@ class VectorScanner:
     def _properties(self, cols: dict[str, pa.Array], props: pa.Array) -> None:
         """``properties``, ``keys``, ``tags`` and ``prop_<NAME>`` from the raw property strings.
 
-        ``name\\x01value\\x02`` entries as RocketMQ's MessageDecoder.string2messageProperties (and the
-        sequential parser): split on \\x02, then at the first \\x01; entries without \\x01 are skipped.
+        ``name\x01value\x02`` entries as RocketMQ's MessageDecoder.string2messageProperties (and the
+        sequential parser): split on \x02, then at the first \x01; entries without \x01 are skipped; a
+        name given twice keeps its last value (at its first position in the map).
         """
+        need = self._need
+        if "properties" in need:
+            cols["properties"] = self._property_map(props)
+        names = [(c, n) for c, n in (("keys", MessageConst.KEYS), ("tags", MessageConst.TAGS)) if c in need]
+        names += [(PROP_PREFIX + n, n) for n in self._props_wanted]
+        if not names:
+            return
+        n = len(props)
+        bufs = props.buffers()
+        offs = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=props.offset * 4).astype(np.int64)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, dtype=np.uint8)
+        rec_start, rec_end = offs[:-1], offs[1:]
+        seps = np.flatnonzero(data[: offs[-1]] == 2)
+        # Entry starts: each record's first byte and each byte after a \x02 (before the record's end). Both
+        # lists are in order; matches are merged back into record order below.
+        nonempty = np.flatnonzero(rec_end > rec_start)
+        after = seps + 1
+        after_rec = np.minimum(np.searchsorted(offs, after, side="right") - 1, max(n - 1, 0))
+        keep = after < rec_end[after_rec]
+        starts = np.concatenate([rec_start[nonempty], after[keep]])
+        rec_of = np.concatenate([nonempty, after_rec[keep]])
+        # Compare names 8 bytes at a time through a big-endian strided view of the (padded) bytes.
+        padded = np.zeros(len(data) + 16, dtype=np.uint8)
+        padded[: len(data)] = data
+        words = np.ndarray((len(data) + 9,), dtype=">u8", buffer=padded, strides=(1,))
+        for col, name in names:
+            pat = name.encode() + b"\x01"
+            m = starts + len(pat) <= rec_end[rec_of]
+            for j in range(0, len(pat), 8):
+                chunk = pat[j : j + 8]
+                shift = 8 * (8 - len(chunk))
+                want = int.from_bytes(chunk, "big") << shift
+                got = words[starts + j]
+                if shift:
+                    got = got & np.uint64(((1 << 64) - 1) ^ ((1 << shift) - 1))
+                m &= got == np.uint64(want)
+            hit = np.flatnonzero(m)
+            take = np.full(n, -1, dtype=np.int64)
+            if len(hit):
+                hit = hit[np.argsort(starts[hit], kind="stable")]
+                recs = rec_of[hit]
+                vstart = starts[hit] + len(pat)
+                k = np.searchsorted(seps, vstart)
+                nxt = np.where(k < len(seps), seps[np.minimum(k, max(len(seps) - 1, 0))] if len(seps) else 0, 0)
+                vend = np.where((k < len(seps)) & (nxt < rec_end[recs]), nxt, rec_end[recs])
+                # The last entry of a name wins (dict semantics): keep one hit per record, the last.
+                last = np.ones(len(recs), dtype=bool)
+                last[:-1] = recs[1:] != recs[:-1]
+                recs, vstart, vend = recs[last], vstart[last], vend[last]
+                vals = _slices(bufs[2], vstart, vend, pa.string())
+                bad = _first_invalid_utf8(vals)
+                if bad is not None:
+                    raise _Irregular(int(recs[bad]))
+                take[recs] = np.arange(len(recs))
+                cols[col] = vals.take(pa.array(take, mask=take < 0))
+            else:
+                cols[col] = pa.nulls(n, pa.string())
+
+    @staticmethod
+    def _property_map(props: pa.Array) -> pa.Array:
+        """The properties as a MapArray, split with Arrow kernels; a record whose map would differ from the
+        sequential parser's (text that is not UTF-8, a name twice) is irregular."""
         bad = _first_invalid_utf8(props)
         if bad is not None:
             raise _Irregular(bad)
         n = len(props)
         entries = pc.split_pattern(props, "\x02")
-        flat = entries.flatten()
         parents = np.asarray(pc.list_parent_indices(entries))
-        kv = pc.split_pattern(flat, "\x01", max_splits=1)
+        kv = pc.split_pattern(entries.flatten(), "\x01", max_splits=1)
         has_sep = np.asarray(pc.equal(pc.list_value_length(kv), 2))
-        sel = pa.array(np.flatnonzero(has_sep))
-        kv = kv.take(sel)
+        kv = kv.take(pa.array(np.flatnonzero(has_sep)))
         keys = pc.list_element(kv, 0)
         values = pc.list_element(kv, 1)
         parents = parents[has_sep]
-        enc = pc.dictionary_encode(keys)
-        idx = np.asarray(enc.indices).astype(np.int64)
-        names = enc.dictionary.to_pylist()
-        if len(idx):
-            # A name twice in one record: the dict semantics (last value, first position) are left to the walker.
-            code = parents * len(names) + idx
+        if len(parents):
+            enc = pc.dictionary_encode(keys)
+            width = len(enc.dictionary)
+            code = parents * width + np.asarray(enc.indices).astype(np.int64)
             uniq, counts = np.unique(code, return_counts=True)
             if len(uniq) != len(code):
-                raise _Irregular(int(uniq[counts > 1].min() // len(names)))
-        if "properties" in self._need:
-            counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, dtype=np.int64)
-            offs = np.zeros(n + 1, dtype=np.int32)
-            np.cumsum(counts, out=offs[1:])
-            cols["properties"] = pa.MapArray.from_arrays(pa.array(offs), keys, values, type=MAP_TYPE)
-
-        def lookup(name: str) -> pa.Array:
-            try:
-                d = names.index(name)
-            except ValueError:
-                return pa.nulls(n, pa.string())
-            hits = np.flatnonzero(idx == d)
-            take = np.full(n, -1, dtype=np.int64)
-            take[parents[hits]] = hits
-            return values.take(pa.array(take, mask=take < 0))
-
-        for col, name in (("keys", MessageConst.KEYS), ("tags", MessageConst.TAGS)):
-            if col in self._need:
-                cols[col] = lookup(name)
-        for name in self._props_wanted:
-            cols[PROP_PREFIX + name] = lookup(name)
+                raise _Irregular(int(uniq[counts > 1].min() // width))
+        counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, dtype=np.int64)
+        offs = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(counts, out=offs[1:])
+        return pa.MapArray.from_arrays(pa.array(offs), keys, values, type=MAP_TYPE)
 
     # -- rows from the sequential walker ----------------------------------------------------------------
 

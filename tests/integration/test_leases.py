@@ -1,0 +1,284 @@
+"""Queue-lock leases over the wire (issue 14): a real broker in-process, time on trio's MockClock.
+
+* the broker lets another member take a lock over only after the lease plus its margin, and the silent member
+  leaves its group at the same time (the others are notified); its renewal then says it is no member, its
+  late commit is refused by epoch, and a heartbeat brings it back;
+* a closed connection releases its locks and orderly membership after the short grace; a client that
+  reconnects and renews within the grace keeps both;
+* a restarted broker keeps free queues for their claimant until the longest earlier lease has passed;
+* a consumer cut off from the broker (a relay that stops forwarding, closing nothing) starts no batch after its
+  own lease deadline, its queues move to the other consumer under higher epochs, and its late offset commit
+  is refused by epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from trimq.broker.broker import Broker
+from trimq.client import ConsumeOrderlyStatus, Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
+from trimq.client.api import ConsumerData, HeartbeatData, MQClientAPI
+from trimq.client.errors import NoPermissionError
+from trimq.client.instance import ClientInstance
+from trimq.client.remoting import RemotingClient
+from trimq.client.selectors import select_by_hash
+from trimq.protocol.codes import RequestCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.message_queue import MessageQueue
+
+G = "lease_group"
+T = "LeaseOrders"
+LEASE_S = 2.0
+TAKEOVER_S = 2.4  # lease 2 000 ms + 10 % drift + 200 ms margin
+
+
+def mq(qid: int) -> MessageQueue:
+    return MessageQueue(T, "broker-a", qid)
+
+
+class Member:
+    """A client as the broker sees it: its own connection, a client id, the notifications it was sent."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self.rc = RemotingClient(default_timeout_s=10)
+        self.api = MQClientAPI(self.rc, timeout_ms=10_000)
+        self.notifications = 0
+
+    async def _on_notify(self, cmd: RemotingCommand, addr: str) -> None:
+        self.notifications += 1
+
+    async def __aenter__(self) -> Member:
+        await self.rc.__aenter__()
+        self.rc.register_handler(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.rc.__aexit__(*exc)
+
+    async def heartbeat(self, addr: str) -> None:
+        sub = {"topic": T, "subString": "*", "tagsSet": [], "codeSet": [], "subVersion": 1}
+        await self.api.heartbeat(addr, HeartbeatData(self.client_id, [], [ConsumerData(
+            G, "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_FIRST_OFFSET", True, [sub])]))
+
+    async def lock(self, addr: str, qids: list[int], claims: dict[int, int] | None = None) -> Any:
+        return await self.api.lock_batch_mq_lease(addr, G, self.client_id, [mq(q) for q in qids],
+                                                  claims={mq(q): e for q, e in (claims or {}).items()})
+
+
+@asynccontextmanager
+async def members(*names: str) -> AsyncIterator[list[Member]]:
+    ms = [Member(n) for n in names]
+    async with trio.open_nursery():
+        for m in ms:
+            await m.__aenter__()
+        try:
+            yield ms
+        finally:
+            for m in ms:
+                await m.__aexit__(None, None, None)
+
+
+async def test_takeover_after_lease_plus_margin_and_membership_follows_the_lease(
+        broker_factory: Callable[..., Any], autojump_clock: trio.testing.MockClock) -> None:
+    async with broker_factory() as broker, members("paused", "survivor") as (paused, survivor):
+        addr = broker.address
+        await paused.heartbeat(addr)
+        await survivor.heartbeat(addr)
+        first = await paused.lock(addr, [0, 1])
+        assert first.held == {mq(0), mq(1)} and first.lease_ms == 2000 and first.member is True
+        e1 = first.epochs[mq(0)]
+        await paused.api.update_consumer_offset(addr, G, mq(0), 5, "paused", lock_epoch=e1)
+        t0 = trio.current_time()
+        notified = survivor.notifications
+        # "paused" stops renewing; the survivor keeps renewing its (empty) lease every third of a lease.
+        while trio.current_time() - t0 < TAKEOVER_S - 0.1:
+            answer = await survivor.lock(addr, [0])
+            assert answer.held == set() and answer.member
+            await trio.sleep(0.2)
+        assert await survivor.api.get_consumer_id_list_by_group(addr, G) == ["paused", "survivor"]
+        await trio.sleep(TAKEOVER_S + 0.3 - (trio.current_time() - t0))  # past lease + margin (+ a scan)
+        assert await survivor.api.get_consumer_id_list_by_group(addr, G) == ["survivor"]
+        assert survivor.notifications > notified  # told at once: its allocation stops giving "paused" queues
+        taken = await survivor.lock(addr, [0, 1])
+        assert taken.held == {mq(0), mq(1)} and taken.epochs[mq(0)] > e1
+        await survivor.api.update_consumer_offset(addr, G, mq(0), 9, "survivor", lock_epoch=taken.epochs[mq(0)])
+        # "paused" wakes up: no lock, no membership, its late commit refused by epoch; a heartbeat rejoins it.
+        late = await paused.lock(addr, [0, 1])
+        assert late.held == set() and late.member is False
+        with pytest.raises(NoPermissionError, match="epoch"):
+            await paused.api.update_consumer_offset(addr, G, mq(0), 6, "paused", lock_epoch=e1)
+        assert await paused.api.query_consumer_offset(addr, G, mq(0)) == 9
+        table = await paused.api.get_lock_table(addr, G)
+        assert table["fencedUpdates"] == {G: 1} and table["leaseMs"] == 2000 and table["takeoverAfterMs"] == 2400
+        await paused.heartbeat(addr)
+        assert await survivor.api.get_consumer_id_list_by_group(addr, G) == ["paused", "survivor"]
+
+
+async def test_a_closed_connection_releases_after_the_grace_and_a_reconnect_keeps_its_locks(
+        broker_factory: Callable[..., Any], autojump_clock: trio.testing.MockClock) -> None:
+    async with broker_factory() as broker, members("dead", "back", "other") as (dead, back, other):
+        addr = broker.address
+        for m in (dead, back, other):
+            await m.heartbeat(addr)
+        assert (await dead.lock(addr, [0])).held == {mq(0)}
+        assert (await back.lock(addr, [1])).held == {mq(1)}
+        dead.rc.close_address(addr)
+        back.rc.close_address(addr)
+        await trio.sleep(0.2)
+        assert (await back.lock(addr, [1])).held == {mq(1)}  # reconnected and renewed within the grace
+        assert (await other.lock(addr, [0])).held == set()  # still within "dead"'s grace
+        await trio.sleep(0.2)  # past 300 ms since the close, and a lease scan
+        assert await other.api.get_consumer_id_list_by_group(addr, G) == ["back", "other"]
+        assert (await other.lock(addr, [0, 1])).held == {mq(0)}  # "back" kept its lock
+
+
+async def test_a_restarted_broker_keeps_free_queues_for_their_claimant_during_the_grace(
+        broker_factory: Callable[..., Any], tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    store = str(tmp_path / "restarted")
+    async with members("holder", "other") as (holder, other):
+        async with broker_factory(store_dir=store) as broker:
+            await holder.heartbeat(broker.address)
+            before = await holder.lock(broker.address, [0, 1])
+            assert (await holder.api.get_lock_table(broker.address))["brokerEpoch"] == 1
+        async with broker_factory(store_dir=store) as broker:  # locks live in memory: the table is empty
+            addr = broker.address
+            t0 = trio.current_time()
+            await holder.heartbeat(addr)
+            await other.heartbeat(addr)
+            table = await other.api.get_lock_table(addr)
+            assert table["brokerEpoch"] == 2 and table["restartGrace"] is True
+            assert (await other.lock(addr, [0, 1])).held == set()  # "holder" may still work under its leases
+            claimed = await holder.lock(addr, [0], claims={0: before.epochs[mq(0)]})
+            assert claimed.held == claimed.kept == {mq(0)}  # back at once, continuous: its cache stays valid
+            assert claimed.epochs[mq(0)] > before.epochs[mq(0)]  # a new broker epoch: still growing
+            await trio.sleep(TAKEOVER_S + 0.01 - (trio.current_time() - t0))
+            assert (await other.lock(addr, [0, 1])).held == {mq(1)}  # after the grace: the unclaimed queue
+
+
+# ---------------------------------------------------------------------------------------------- real consumers
+
+
+class Relay:
+    """A loopback TCP relay on trio that can stop forwarding (both ways) without closing anything."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.open = trio.Event()
+        self.open.set()
+        self.address = ""
+
+    def blackhole(self) -> None:
+        self.open = trio.Event()
+
+    def heal(self) -> None:
+        self.open.set()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        host, port = self.target.rsplit(":", 1)
+        async with client, await trio.open_tcp_stream(host, int(port)) as server, trio.open_nursery() as n:
+            n.start_soon(self._pump, client, server)
+            n.start_soon(self._pump, server, client)
+
+    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream) -> None:
+        try:
+            while True:
+                await self.open.wait()
+                data = await src.receive_some(65536)
+                if not data:
+                    break
+                await self.open.wait()
+                await dst.send_all(data)
+        except trio.BrokenResourceError:
+            pass
+
+
+def relay_instance(cfg: PushConsumerConfig, broker: str, relay: str) -> ClientInstance:
+    class RelayInstance(ClientInstance):
+        def _apply_route(self, topic: str, route: Any, *, from_default: bool = False) -> None:
+            super()._apply_route(topic, route, from_default=from_default)
+            for addrs in self.broker_addr_table.values():
+                for bid, a in list(addrs.items()):
+                    if a == broker:
+                        addrs[bid] = relay
+
+    return RelayInstance(cfg)
+
+
+async def test_a_cut_off_consumer_starts_nothing_after_its_lease_and_its_late_commit_is_refused(
+        broker_factory: Callable[..., Any], autojump_clock: trio.testing.MockClock) -> None:
+    calls: list[tuple[str, float, int, int]] = []  # (consumer, start time, queue, epoch)
+
+    def listener(name: str) -> Any:
+        async def on_msgs(msgs: list[Any], context: Any) -> ConsumeOrderlyStatus:
+            calls.append((name, trio.current_time(), context.message_queue.queue_id, context.lock_epoch))
+            return ConsumeOrderlyStatus.SUCCESS
+        return on_msgs
+
+    async with broker_factory(embedded_namesrv=True) as broker, trio.open_nursery() as nursery:
+        broker_: Broker = broker
+        addr = broker_.address
+        relay = Relay(addr)
+        await nursery.start(relay.serve)
+        async with Producer(ProducerConfig(namesrv_addr=addr)) as producer:
+            await producer.instance.api.create_topic(addr, T, read_queue_nums=4, write_queue_nums=4)
+            with trio.fail_after(5):
+                while not await producer.instance.update_topic_route_info_from_name_server(T):
+                    await trio.sleep(0.05)
+
+            async def send(n: int) -> None:
+                for i in range(n):
+                    await producer.send(Message(T, b"x", keys=f"k{i}"), selector=select_by_hash, arg=f"k{i}")
+
+            await send(8)
+            settings = {"consumer_group": G, "consume_from_where": "CONSUME_FROM_FIRST_OFFSET"}
+            kept = PushConsumer(PushConsumerConfig(namesrv_addr=addr, **settings))
+            cut_cfg = PushConsumerConfig(namesrv_addr=relay.address, instance_name="cut", **settings)
+            cut_instance = relay_instance(cut_cfg, addr, relay.address)
+            cut = PushConsumer(cut_cfg, instance=cut_instance)
+            for c, name in ((kept, "kept"), (cut, "cut")):
+                c.subscribe(T, "*")
+                c.register_message_listener_orderly(listener(name))
+            async with cut_instance, kept, cut:
+                with trio.fail_after(30):
+                    while {q for n, _, q, _ in calls if n == "cut"} == set() or len(calls) < 2:
+                        await send(4)
+                        await trio.sleep(0.5)
+                cut_queues = {mq.queue_id for mq, pq in cut.process_queue_table().items() if pq.locked}
+                assert cut_queues and len(cut_queues) < 4
+                cut_epochs = {q: e for n, _, q, e in calls if n == "cut"}
+                t_cut = trio.current_time()
+                relay.blackhole()
+                await send(8)  # keeps coming while "cut" is cut off
+                await trio.sleep(TAKEOVER_S + 1.5)
+                await send(8)
+                await trio.sleep(1.0)
+                # "cut" relied on leases renewed before t_cut at the latest: it started nothing after t_cut + 2 s
+                assert not [c for c in calls if c[0] == "cut" and c[1] > t_cut + LEASE_S]
+                taken = [(q, e) for n, t, q, e in calls if n == "kept" and t > t_cut and q in cut_queues]
+                assert {q for q, _ in taken} == cut_queues  # the other consumer took its queues over
+                assert all(e > cut_epochs[q] for q, e in taken if q in cut_epochs)  # under higher epochs
+                # Its offset store still holds what it consumed under its old epochs: a commit of it now (what a
+                # late persist would send once the network heals) is refused by epoch.
+                relay.heal()
+                store: Any = cut.core.offset_store if cut.core is not None else None
+                before = store.fenced_updates
+                q = sorted(q for q in cut_queues if q in cut_epochs)[0]
+                if store.lock_epoch(mq(q)) is not None and store.table.get(mq(q)) is not None:
+                    await store.persist(mq(q))
+                    assert store.fenced_updates == before + 1
+                table = await MQClientAPI(cut_instance.remoting).get_lock_table(addr, G)
+                assert table["fencedUpdates"].get(G, 0) >= store.fenced_updates - before

@@ -233,8 +233,60 @@ def _starts_with_data(path: str) -> bool:
     return bool(head.strip(b"\0"))
 
 
+_EXTENT_BLOCK = 64 * 1024
+_SEEK_HOLE: int | None = getattr(os, "SEEK_HOLE", None)
+
+
+def written_extent(path: str, size: int | None = None) -> int:
+    """Where the written data of a segment ends, estimated cheaply: the end of the last non-zero 64 KiB
+    block, found by bisection (after skipping the trailing hole of a sparse file with SEEK_DATA/SEEK_HOLE).
+
+    A preallocated segment is data followed by zeros; the bisection assumes that shape, so a long run of
+    zeros inside the data can make the estimate low. ``plan_splits`` only uses it to place split
+    boundaries: its last split of a file always reaches the end of the file, so no record is missed.
+    """
+    if size is None:
+        size = os.path.getsize(path)
+    if size <= 0:
+        return 0
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return size  # let the scan report it
+    try:
+        hi = size
+        if _SEEK_DATA is not None and _SEEK_HOLE is not None:
+            end = 0
+            pos = 0
+            try:
+                while pos < size:
+                    data = os.lseek(fd, pos, _SEEK_DATA)
+                    end = pos = os.lseek(fd, data, _SEEK_HOLE)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no data after pos; anything else: no hole support
+                    end = size
+            hi = min(end, size)
+        zeros = bytes(_EXTENT_BLOCK)
+        lo_blk, hi_blk = 0, -(-hi // _EXTENT_BLOCK)  # blocks >= hi_blk are known to be zero (or absent)
+        while lo_blk < hi_blk:
+            mid = (lo_blk + hi_blk) // 2
+            chunk = os.pread(fd, _EXTENT_BLOCK, mid * _EXTENT_BLOCK)
+            if chunk == zeros[: len(chunk)]:
+                hi_blk = mid
+            else:
+                lo_blk = mid + 1
+        return min(lo_blk * _EXTENT_BLOCK, size)
+    finally:
+        os.close(fd)
+
+
 def plan_splits(paths: Iterable[str], split_size: int = DEFAULT_SPLIT_SIZE) -> list[SegmentSplit]:
-    """Cut each segment into ``split_size`` byte ranges (the last one shorter). Empty files get none.
+    """Cut the written part of each segment into ``split_size`` byte ranges; the last range of a file
+    reaches the end of the file. Empty files get none; a file with no data gets one range.
+
+    Planning by data, not by file size: a preallocated 1 GiB segment holding 20 MB of records gives about
+    20 MB / ``split_size`` ranges, not 1 GiB / ``split_size`` (``written_extent``). The last range walks
+    the record chain to the end of the data and checks the zeros after it as before.
 
     Files are ordered by base offset (20-digit names) and then by path. ``last_segment`` is set on the
     last file whose first header is not zero and on any (empty, spare) file after it: the data of the
@@ -257,8 +309,13 @@ def plan_splits(paths: Iterable[str], split_size: int = DEFAULT_SPLIT_SIZE) -> l
         nxt = bases[i + 1] if i + 1 < len(files) else None
         seg_size = nxt - base if base is not None and nxt is not None and nxt > base else None
         last = i >= last_data
-        for start in range(0, size, split_size):
-            splits.append(SegmentSplit(path, start, min(start + split_size, size), size, base, seg_size, last))
+        if size <= 0:
+            continue
+        extent = max(written_extent(path, size), 1)
+        starts = list(range(0, extent, split_size))
+        for k, start in enumerate(starts):
+            end = size if k == len(starts) - 1 else start + split_size
+            splits.append(SegmentSplit(path, start, end, size, base, seg_size, last))
     return splits
 
 

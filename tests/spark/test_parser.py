@@ -185,3 +185,36 @@ def test_bad_paths_give_clear_errors(tmp_path: Path) -> None:
     assert P.resolve_segments(str(tmp_path)) == []
     with pytest.raises(ValueError, match="positive"):
         P.plan_splits([], 0)
+
+
+def test_splits_are_planned_from_the_written_extent(tmp_path: Path) -> None:
+    """20k records in a preallocated 1 GiB segment with 1 MiB splits: a few tasks, not 1,024; the same
+    records as one whole-file read, sparse or written zeros alike."""
+    from bench.audit_store_gen import generate
+
+    generate(tmp_path / "sparse", 20_000)
+    [seg] = P.resolve_segments(str(tmp_path / "sparse"))
+    assert os.path.getsize(seg) == 1 << 30
+    splits = P.plan_splits([seg], 1 << 20)
+    data_mib = P.written_extent(seg) / (1 << 20)
+    assert 8 <= data_mib <= 10 and len(splits) == -(-P.written_extent(seg) // (1 << 20)) <= 11
+    assert splits[-1].end == 1 << 30 and all(s.end - s.start == 1 << 20 for s in splits[:-1])
+    n = sum(len(b) for s in splits for b in P.SplitScanner(s).batches())
+    assert n == 20_000
+    # Real zeros (not a hole) after the data: the bisection finds the same extent, every record once.
+    dense = tmp_path / "dense" / "00000000000000000000"
+    dense.parent.mkdir()
+    with open(seg, "rb") as src, open(dense, "wb") as dst:
+        dst.write(src.read(int(data_mib * (1 << 20)) + 4096))
+        dst.write(bytes(8 << 20))
+    splits = P.plan_splits([str(dense)], 1 << 20)
+    assert len(splits) <= 11 and splits[-1].end == os.path.getsize(dense)
+    rows = [r for s in splits for b in P.SplitScanner(s).batches() for r in b.rows]
+    assert len(rows) == 20_000 and not any(r[P.COLUMN_INDEX["malformed"]] for r in rows)
+    # A file with no data at all still gets one split (its bytes are checked), an empty one none.
+    spare = tmp_path / "00000000000001073741824"
+    with open(spare, "wb") as f:
+        f.truncate(1 << 30)
+    (tmp_path / "empty").write_bytes(b"")
+    assert [(s.start, s.end) for s in P.plan_splits([str(spare), str(tmp_path / "empty")], 1 << 20)] == [
+        (0, 1 << 30)]

@@ -34,7 +34,15 @@ promtool:
 	  && rm -f prometheus_*.deb && echo "promtool: $(TOOLS)/usr/bin/promtool"; \
 	fi
 
-demo: $(STAMP)
+# The demo needs the package and its base dependencies only (no spark, test, lint or bench extras): a stamp of
+# its own, satisfied by the full install too when that one is up to date.
+DEMO_STAMP := $(VENV)/.installed-demo-stamp
+$(DEMO_STAMP): pyproject.toml setup.py | $(BIN)/python
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt setup.py ]; then :; \
+	else $(BIN)/pip install -q -e .; fi
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m trimq.demo
 
 # mypy and lint-imports read the layer folders through build/typecheck/trimq, links that lay them out as

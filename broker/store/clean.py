@@ -26,20 +26,21 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
+from trimq.broker.store.commitlog import CommitLog
+from trimq.broker.store.consume_queue import ConsumeQueue
 from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
-
-if TYPE_CHECKING:
-    from trimq.broker.store.message_store import MessageStore
 
 log = get_logger("trimq.store.clean")
 
 __all__ = [
     "DELETE_FILES_BATCH_MAX",
     "CleanService",
+    "ReclaimConfig",
+    "ReclaimStore",
     "disk_partition_space_used_ratio",
     "is_it_time_to_do",
 ]
@@ -81,11 +82,48 @@ def disk_partition_space_used_ratio(path: str) -> float:
     return math.ceil(used * 100 / entire) / 100
 
 
+class ReclaimConfig(Protocol):
+    """The settings the service reads (StoreConfig has them; RocketMQ's MessageStoreConfig names)."""
+
+    file_reserved_time: int
+    delete_when: str
+    disk_max_used_space_ratio: int
+    disk_space_clean_forcibly_ratio: int
+    disk_space_warning_level_ratio: int
+    clean_file_forcibly_enable: bool
+    clean_resource_interval_ms: int
+    delete_commit_log_files_interval_ms: int
+    delete_consume_queue_files_interval_ms: int
+
+
+class ReclaimStore(Protocol):
+    """What the service needs of the MessageStore."""
+
+    @property
+    def config(self) -> ReclaimConfig: ...
+    @property
+    def commitlog(self) -> CommitLog: ...
+    @property
+    def root(self) -> Path: ...
+    @property
+    def queues(self) -> dict[str, dict[int, ConsumeQueue]]: ...
+    @property
+    def disk_used_ratio(self) -> dict[str, float]: ...
+    @property
+    def now_ms(self) -> Callable[[], int]: ...
+    @property
+    def disk_usage(self) -> Callable[[str], float]: ...
+    def mark_disk_full(self, full: bool, ratio: float) -> None: ...
+    def delete_first_segment(self) -> None: ...
+    def delete_expired_queue_files(self, cq: ConsumeQueue, min_phys_offset: int) -> int: ...
+    def close_retired(self) -> None: ...
+
+
 class CleanService:
     """The store's file reclaim and disk watch (see the module docstring); ``run`` lives in the store's
     nursery. ``clean_once`` and ``check_disk`` are what the loops call; tests may call them directly."""
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: ReclaimStore) -> None:
         self.store = store
         self.clean_immediately = False
         self.last_physical_min_offset = 0

@@ -391,9 +391,9 @@ class MessageStore:
             rep.units_rebuilt += self._dispatch_range(first, again, only=gaps, fill=first > 0)
             if again:
                 log.error("recovery.queue_gaps_unrepaired", queues=sorted(f"{t}/{q}" for t, q in again))
-        for qs in self.queues.values():  # RocketMQ's recoverTopicQueueTable: min offsets follow the log
-            for cq in qs.values():
-                cq.correct_min_offset(cl.min_offset)
+        for loaded in self.queues.values():  # RocketMQ's recoverTopicQueueTable: min offsets follow the log
+            for queue in loaded.values():
+                queue.correct_min_offset(cl.min_offset)
         cl.flush(end)
         cl.flushed_offset = end
         self._flush_queues_sync()

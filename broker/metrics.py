@@ -59,6 +59,14 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "trimq_commitlog_max_offset_bytes": ("gauge", "", "commit-log write position"),
     "trimq_storage_flush_behind_bytes": ("gauge", "", "bytes written but not yet fsynced"),
     "trimq_storage_writable": ("gauge", "", "1 while the store accepts writes"),
+    "trimq_storage_disk_used_ratio": ("gauge", "path",
+                                      "used share (0-1, -1 unknown) of the disk holding path=commitlog or "
+                                      "consumequeue, as last measured by the reclaim service (docs/STORAGE.md §9)"),
+    "trimq_storage_disk_full": ("gauge", "", "1 while the disk is above disk_space_warning_level_ratio and "
+                                "sends are refused"),
+    "trimq_storage_deleted_files_total": ("counter", "kind",
+                                          "files deleted as expired or over quota: kind=commitlog (segments) "
+                                          "or consumequeue"),
     "trimq_topic_number": ("gauge", "", "topic configs on the broker"),
     "trimq_consumer_group_number": ("gauge", "", "consumer groups with a live member or a stored offset"),
     "trimq_consumer_lag_messages": ("gauge", "consumer_group, topic, queue_id",
@@ -140,6 +148,21 @@ def _doc(name: str) -> str:
     return METRICS[name][2].replace("``", "")
 
 
+def _reclaim_metrics(store: Any) -> Iterator[Metric]:
+    """Disk use and deleted files of the store's reclaim service (broker/store/clean.py)."""
+    used = _gauge("trimq_storage_disk_used_ratio", _doc("trimq_storage_disk_used_ratio"), ["path"])
+    for path, ratio in sorted(store.disk_used_ratio.items()):
+        used.add_metric([path], ratio)
+    yield used
+    full = _gauge("trimq_storage_disk_full", _doc("trimq_storage_disk_full"))
+    full.add_metric([], 1 if store.disk_full else 0)
+    yield full
+    deleted = _counter("trimq_storage_deleted_files", _doc("trimq_storage_deleted_files_total"), ["kind"])
+    for kind, n in sorted(store.deleted_files.items()):
+        deleted.add_metric([kind], n)
+    yield deleted
+
+
 class BrokerCollector:
     """Reads the broker's components when the registry is scraped (on the trio thread, like everything else
     that touches them). A part that fails is skipped and logged (rate-limited): a scrape never takes the
@@ -215,6 +238,7 @@ class BrokerCollector:
             g = _gauge(name, _doc(name))
             g.add_metric([], value)
             yield g
+        yield from _reclaim_metrics(store)
         topics = self.broker.components.get("topic_config_manager")
         if topics is not None:
             g = _gauge("trimq_topic_number", _doc("trimq_topic_number"))

@@ -3,26 +3,32 @@
 Event metrics are updated as things happen; state metrics are read from the live consumers when the
 registry is scraped (a custom collector), so they cost nothing between scrapes and vanish with a consumer.
 
-=================================================  =========  ====================================================
+=================================================  =========  ======================================================
 name                                               type       labels / meaning
-=================================================  =========  ====================================================
-trimq_consumer_consume_latency_seconds             histogram  group, topic: one listener call
-trimq_consumer_consumed_messages_total             counter    group, topic, result=ok|failed
-trimq_consumer_pull_latency_seconds                histogram  group, topic: one PULL_MESSAGE (long polls included)
-trimq_consumer_send_back_total                     counter    group, how=broker|retry_topic|failed
-trimq_consumer_rebalance_total                     counter    group: rebalance passes
-trimq_consumer_rebalance_duration_seconds          histogram  group
-trimq_consumer_process_queue_messages              gauge      group, topic, broker, queue_id: cached, not committed
+=================================================  =========  ======================================================
+trimq_consumer_consume_latency_seconds             histogram  consumer_group, topic: one listener call
+trimq_consumer_consumed_messages_total             counter    consumer_group, topic, result=ok|failed
+trimq_consumer_pull_latency_seconds                histogram  consumer_group, topic: one PULL_MESSAGE (long polls
+                                                              included)
+trimq_consumer_send_back_total                     counter    consumer_group, how=broker|retry_topic|failed
+trimq_consumer_rebalance_total                     counter    consumer_group: rebalance passes
+trimq_consumer_rebalance_duration_seconds          histogram  consumer_group
+trimq_consumer_process_queue_messages              gauge      consumer_group, topic, broker, queue_id: cached, not
+                                                              committed
 trimq_consumer_process_queue_bytes                 gauge      same: their body bytes
-trimq_consumer_locked_queues                       gauge      group: orderly queues locked on the broker
-trimq_consumer_queue_blocked_seconds               gauge      group, topic, broker, queue_id: orderly queue
+trimq_consumer_locked_queues                       gauge      consumer_group: orderly queues locked on the broker
+trimq_consumer_queue_blocked_seconds               gauge      consumer_group, topic, broker, queue_id: orderly queue
                                                               retrying one message, for how long
 trimq_consumer_queue_blocked_attempts              gauge      same: failed attempts of that message
-trimq_consumer_pulls_total                         counter    group, outcome=pulls|found|no_new|errors|...
-trimq_consumer_dead_letters_total                  counter    group: messages this consumer dead-lettered
-=================================================  =========  ====================================================
+trimq_consumer_pulls_total                         counter    consumer_group, outcome=pulls|found|no_new|errors|...
+trimq_consumer_dead_letters_total                  counter    consumer_group: messages this consumer dead-lettered
+=================================================  =========  ======================================================
 
-Several consumers may share a registry: the families are created once per registry and labelled by group.
+The group label is ``consumer_group``, as on the broker's metrics (formerly ``group``: docs/OPERATIONS.md,
+"Label names").
+
+Several consumers may share a registry: the families are created once per registry and labelled by
+``consumer_group``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ __all__ = ["ConsumerMetrics", "MetricsSource", "QueueState"]
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PULL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0)
-QUEUE_LABELS = ["group", "topic", "broker", "queue_id"]
+QUEUE_LABELS = ["consumer_group", "topic", "broker", "queue_id"]
 
 
 @dataclass
@@ -82,16 +88,17 @@ class _StateCollector:
         size = GaugeMetricFamily("trimq_consumer_process_queue_bytes",
                                  "Body bytes of the messages cached by a process queue", labels=QUEUE_LABELS)
         locked = GaugeMetricFamily("trimq_consumer_locked_queues",
-                                   "Orderly queues this consumer holds locked on the broker", labels=["group"])
+                                   "Orderly queues this consumer holds locked on the broker",
+                                   labels=["consumer_group"])
         blocked = GaugeMetricFamily("trimq_consumer_queue_blocked_seconds",
                                     "How long an orderly queue has been retrying one message", labels=QUEUE_LABELS)
         attempts = GaugeMetricFamily("trimq_consumer_queue_blocked_attempts",
                                      "Failed attempts of the message an orderly queue is blocked on",
                                      labels=QUEUE_LABELS)
         pulls = CounterMetricFamily("trimq_consumer_pulls", "Pull requests by outcome",
-                                    labels=["group", "outcome"])
+                                    labels=["consumer_group", "outcome"])
         dlq = CounterMetricFamily("trimq_consumer_dead_letters", "Messages this consumer dead-lettered",
-                                  labels=["group"])
+                                  labels=["consumer_group"])
         for src in list(self.sources):
             group = src.group_name
             queues, pull_stats, dead = src.metrics_state()
@@ -116,17 +123,20 @@ class _Families:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.consume_latency = Histogram("trimq_consumer_consume_latency_seconds", "Duration of one listener call",
-                                         ["group", "topic"], buckets=LATENCY_BUCKETS, registry=registry)
+                                         ["consumer_group", "topic"], buckets=LATENCY_BUCKETS, registry=registry)
         self.consumed = Counter("trimq_consumer_consumed_messages", "Messages consumed, by result",
-                                ["group", "topic", "result"], registry=registry)
+                                ["consumer_group", "topic", "result"], registry=registry)
         self.pull_latency = Histogram("trimq_consumer_pull_latency_seconds",
-                                      "Duration of one PULL_MESSAGE (long polling included)", ["group", "topic"],
+                                      "Duration of one PULL_MESSAGE (long polling included)",
+                                      ["consumer_group", "topic"],
                                       buckets=PULL_BUCKETS, registry=registry)
         self.send_back = Counter("trimq_consumer_send_back", "Messages sent back for a retry or a dead letter",
-                                 ["group", "how"], registry=registry)
-        self.rebalances = Counter("trimq_consumer_rebalance", "Rebalance passes", ["group"], registry=registry)
+                                 ["consumer_group", "how"], registry=registry)
+        self.rebalances = Counter("trimq_consumer_rebalance", "Rebalance passes", ["consumer_group"],
+                                  registry=registry)
         self.rebalance_duration = Histogram("trimq_consumer_rebalance_duration_seconds",
-                                            "Duration of one rebalance pass", ["group"], buckets=LATENCY_BUCKETS,
+                                            "Duration of one rebalance pass", ["consumer_group"],
+                                            buckets=LATENCY_BUCKETS,
                                             registry=registry)
         self.state = _StateCollector()
         registry.register(self.state)

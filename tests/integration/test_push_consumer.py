@@ -256,7 +256,7 @@ async def test_blocked_gauge_running_info_and_skip_over_the_wire(broker_factory:
             await wait_until(lambda: consumer.blocked_queues() and consumer.blocked_queues()[0]["attempts"] >= 3)
             [blocked] = consumer.blocked_queues()
             assert blocked["offset"] == 1 and blocked["mq"] == env.mq(0).to_wire()
-            labels = {"group": group, "topic": T, "broker": env.broker_name, "queue_id": "0"}
+            labels = {"consumer_group": group, "topic": T, "broker": env.broker_name, "queue_id": "0"}
             await wait_until(lambda: (registry.get_sample_value("trimq_consumer_queue_blocked_seconds", labels)
                                       or 0) > 0)
             assert (registry.get_sample_value("trimq_consumer_queue_blocked_attempts", labels) or 0) >= 3
@@ -290,7 +290,7 @@ async def test_blocked_gauge_running_info_and_skip_over_the_wire(broker_factory:
             assert "trimq_consumer_consume_latency_seconds_bucket" in text
             assert "trimq_consumer_pull_latency_seconds_count" in text
             assert "trimq_consumer_rebalance_total" in text
-            assert 'trimq_consumer_consumed_messages_total{group="orderly_blocked",result="failed"' in text
+            assert 'trimq_consumer_consumed_messages_total{consumer_group="orderly_blocked",result="failed"' in text
         [dead] = await env.dlq(group)
         assert dead["keys"] == "k1"
         assert dead["skippedBy"].startswith("admin via ")  # an operator's skip, told from an exhausted retry

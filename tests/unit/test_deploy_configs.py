@@ -604,6 +604,15 @@ def test_promql_check_catches_unknown_metrics_and_labels() -> None:
         check_promql("trimq_locks_held", "legend", known, legend="{{group}}")
 
 
+def test_one_group_label_name_on_every_metric() -> None:
+    """``consumer_group`` on the broker's and the push consumer's metrics alike (the client said ``group``)."""
+    labels = metric_labels()
+    assert not [n for n, ls in labels.items() if "group" in ls]
+    assert "consumer_group" in labels["trimq_consumer_lag_messages"]
+    assert "consumer_group" in labels["trimq_consumer_queue_blocked_seconds"]
+    assert "consumer_group" in labels["trimq_consumer_consumed_messages_total"]
+
+
 def test_client_metrics_docstring_lists_what_the_registry_exports() -> None:
     from trimq.client import metrics as client_metrics
 

@@ -110,6 +110,18 @@ class BrokerConfig:
                                                                    "closed anyway after this long (RocketMQ's "
                                                                    "destroyMapedFileIntervalForcibly)",
                                                           min=0, max=3_600_000)
+    # -- message index and lookups by key (issue 19; RocketMQ's MessageStoreConfig, docs/STORAGE.md §10)
+    message_index_enable: bool = setting(True, "index messages by KEYS and UNIQ_KEY in STORE/index/ for QUERY_MESSAGE "
+                                               "(RocketMQ's messageIndexEnable)")
+    max_hash_slot_num: int = setting(5_000_000, "hash slots of an index file (RocketMQ's maxHashSlotNum); a file is "
+                                                "40 + 4 x slots + 20 x entries bytes, created sparse",
+                                     min=1, max=100_000_000)
+    max_index_num: int = setting(20_000_000, "entries of an index file, then the next one starts (RocketMQ's "
+                                             "maxIndexNum)", min=2, max=400_000_000)
+    max_msgs_num_batch: int = setting(64, "most messages one QUERY_MESSAGE answers (RocketMQ's maxMsgsNumBatch)",
+                                      min=1, max=10_000)
+    default_query_max_num: int = setting(32, "messages a QUERY_MESSAGE by unique key looks for (RocketMQ's "
+                                             "defaultQueryMaxNum)", min=1, max=10_000)
     # -- coordination: consumer groups, queue locks, consumer offsets (issue 4)
     flush_consumer_offset_interval_ms: int = setting(5_000, "persist config/consumerOffset.json this often",
                                                      min=10, max=600_000)

@@ -14,6 +14,8 @@ One object per broker, registered as ``broker.components["store"]`` and run as a
   tail, repair consume-queue tails, rebuild the units past the last valid one, then serve.
 * **Reclaim** (``broker/store/clean.py``): expired segments and the consume-queue files that follow them are
   deleted as RocketMQ does; a nearly full disk refuses writes.
+* **Index** (``broker/store/index.py``, ``index_dispatch.py``): RocketMQ's index files, written by a task of
+  their own from the commit log (an append only wakes it), rebuilt past their newest entry at start.
 
 Extension points for the later services: ``arrival_listeners`` (long polling), ``put_hook`` (the
 schedule service redirects DELAY messages to SCHEDULE_TOPIC_XXXX there) and ``tags_code_resolvers``
@@ -45,6 +47,8 @@ from trimq.broker.store.checkpoint import Checkpoint, CheckpointError, read_chec
 from trimq.broker.store.clean import CleanService, disk_partition_space_used_ratio
 from trimq.broker.store.commitlog import CommitLog, RecordEncoder, ScanRecord, StoreError, file_name, host_sys_flag
 from trimq.broker.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, ConsumeQueue, tags_string_to_tags_code
+from trimq.broker.store.index import DEFAULT_MAX_HASH_SLOT_NUM, DEFAULT_MAX_INDEX_NUM, IndexService
+from trimq.broker.store.index_dispatch import IndexDispatcher
 from trimq.broker.store.recovery import RecoveryReport, check_queue_tail, first_store_timestamp, scan_commit_log
 from trimq.protocol.errors import RecordError
 from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
@@ -192,6 +196,11 @@ class StoreConfig:
     delete_commit_log_files_interval_ms: int = 100
     delete_consume_queue_files_interval_ms: int = 100
     destroy_mapedfile_interval_forcibly_ms: int = 120_000
+    # -- message index (RocketMQ's MessageStoreConfig names and defaults; broker/store/index.py)
+    message_index_enable: bool = True
+    max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM
+    max_index_num: int = DEFAULT_MAX_INDEX_NUM
+    max_msgs_num_batch: int = 64  # most offsets one key lookup returns
 
     @property
     def sync_flush(self) -> bool:
@@ -243,6 +252,12 @@ class MessageStore:
         self.disk_used_ratio: dict[str, float] = {}  # "commitlog" / "consumequeue" -> last measured ratio
         self.deleted_files: dict[str, int] = {"commitlog": 0, "consumequeue": 0}
         self.cleaner = CleanService(self)
+        #: The message index (broker/store/index.py) and the task that feeds it from the commit log.
+        self.index = IndexService(Path(config.store_dir) / "index", max_hash_slot_num=config.max_hash_slot_num,
+                                  max_index_num=config.max_index_num, max_msgs_num_batch=config.max_msgs_num_batch,
+                                  now_ms=lambda: self.now_ms())
+        self.index_dispatcher = IndexDispatcher(self.index, self, enabled=config.message_index_enable,
+                                                flush_interval_ms=max(config.flush_interval_ms, 1_000))
         self._retired: list[tuple[float, Callable[[], None]]] = []  # (close-by time on trio's clock, close)
         self._io_threads = 0  # worker threads fsyncing store files right now
         self.root = Path(config.store_dir)
@@ -290,6 +305,7 @@ class MessageStore:
             nursery.start_soon(self._flush_loop)
             nursery.start_soon(self._alloc_loop)
             nursery.start_soon(self.cleaner.run)
+            nursery.start_soon(self.index_dispatcher.run)
             if self.config.sync_flush:
                 nursery.start_soon(self._group_commit_loop)
             task_status.started()
@@ -394,6 +410,7 @@ class MessageStore:
         for loaded in self.queues.values():  # RocketMQ's recoverTopicQueueTable: min offsets follow the log
             for queue in loaded.values():
                 queue.correct_min_offset(cl.min_offset)
+        self.index_dispatcher.recover()  # the index catches up past its newest entry once the store runs
         cl.flush(end)
         cl.flushed_offset = end
         self._flush_queues_sync()
@@ -527,6 +544,7 @@ class MessageStore:
         for qs in self.queues.values():
             for cq in qs.values():
                 cq.close()
+        self.index_dispatcher.close()
         self.commitlog.close()
         with contextlib.suppress(FileNotFoundError):
             (self.root / "abort").unlink()
@@ -583,6 +601,10 @@ class MessageStore:
             self._retire(functools.partial(_close_fd, fd))
         self.deleted_files["consumequeue"] += deleted
         return deleted
+
+    def delete_expired_index_files(self, min_phys_offset: int) -> int:
+        """Delete the index files whose newest entry points below ``min_phys_offset`` (never the last one)."""
+        return self.index.delete_expired_file(min_phys_offset)
 
     def mark_disk_full(self, full: bool, ratio: float) -> None:
         """RocketMQ's RunningFlags ``getAndMakeDiskFull`` / ``getAndMakeDiskOK``: refuse writes (answered
@@ -835,6 +857,7 @@ class MessageStore:
                 listener(topic, queue_id, new_max)
             except Exception:  # the message is stored whatever a listener does
                 log.exception("store.arrival_listener_failed", topic=topic, queue_id=queue_id)
+        self.index_dispatcher.wake()  # indexed by its own task, off the send's path
         # ---- end of the single-writer section.
         if self.on_append is not None:
             self.on_append(time.perf_counter() - t_append)

@@ -43,6 +43,8 @@ BIN = Path(sys.executable).parent
 SMALL_STORE: dict[str, Any] = {
     "mapped_file_size_commit_log": 64 * 1024,
     "mapped_file_size_consume_queue": 64 * 20,
+    "max_hash_slot_num": 1024,  # index files of 84 KiB instead of 420 MB (sparse, but mapped)
+    "max_index_num": 2048,
 }
 
 

@@ -1,0 +1,175 @@
+"""The message index (broker/store/index.py): Java's String.hashCode, RocketMQ 4.9.3's IndexFile layout byte for
+byte against tests/vectors/index.json (made by RocketMQ's own putKey, run by Java: tests/vectors/make_index.py),
+chains and time ranges, file roll-over, reload, deletion with the commit log, sparse default-size files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from trimq.broker.store.index import (
+    DEFAULT_MAX_HASH_SLOT_NUM,
+    DEFAULT_MAX_INDEX_NUM,
+    INDEX_HEADER_SIZE,
+    IndexFile,
+    IndexService,
+    build_key,
+    index_file_size,
+    index_key_hash,
+    java_string_hash,
+    keys_of,
+)
+
+VECTORS = json.loads((Path(__file__).parent.parent / "vectors" / "index.json").read_text())
+T0 = 1_700_000_000_000
+
+
+def test_default_geometry_is_rocketmqs() -> None:
+    assert (DEFAULT_MAX_HASH_SLOT_NUM, DEFAULT_MAX_INDEX_NUM) == (5_000_000, 20_000_000)
+    assert index_file_size(DEFAULT_MAX_HASH_SLOT_NUM, DEFAULT_MAX_INDEX_NUM) == 420_000_040
+
+
+@pytest.mark.parametrize("case", VECTORS["hashes"], ids=lambda c: repr(c["key"]))
+def test_java_hash_code(case: dict[str, object]) -> None:
+    key = str(case["key"])
+    assert java_string_hash(key) == case["hashCode"]
+    assert index_key_hash(key) == case["indexKeyHash"]  # Math.abs, and Integer.MIN_VALUE -> 0
+    assert index_key_hash(key) % DEFAULT_MAX_HASH_SLOT_NUM == case["slot5000000"]
+
+
+def test_file_bytes_match_rocketmqs_put_key(tmp_path: Path) -> None:
+    spec = VECTORS["file"]
+    f = IndexFile(tmp_path / "20231114221320123", spec["hashSlotNum"], spec["indexNum"])
+    for put in spec["puts"]:
+        assert f.put_key(put["key"], put["phyOffset"], put["storeTimestamp"]) is put["ok"]
+    assert f.mm[:].hex() == spec["hex"]
+    f.close()
+
+
+def test_chains_time_ranges_and_collisions(tmp_path: Path) -> None:
+    f = IndexFile(tmp_path / "f", 4, 64)
+    assert f.put_key("T#k1", 0, T0)
+    assert f.put_key("T#k2", 100, T0 + 1_500)
+    assert f.put_key("T#k1", 200, T0 + 5_000)
+    assert f.put_key("Aa", 300, T0 + 6_000)  # "Aa" and "BB" have the same hash: both are candidates
+    assert f.put_key("BB", 400, T0 + 7_000)
+    out: list[int] = []
+    f.select_phy_offsets(out, "T#k1", 10, 0, 2**62)
+    assert out == [200, 0]  # newest first
+    out = []
+    f.select_phy_offsets(out, "T#k1", 1, 0, 2**62)
+    assert out == [200]  # max_num
+    out = []
+    f.select_phy_offsets(out, "T#k1", 10, T0 + 1_000, 2**62)
+    assert out == [200]  # older than begin: the walk stops
+    out = []
+    f.select_phy_offsets(out, "T#k1", 10, 0, T0 + 4_999)
+    assert out == [0]
+    out = []
+    f.select_phy_offsets(out, "Aa", 10, 0, 2**62)
+    assert out == [400, 300]  # the index keeps hashes: a caller checks the records
+    out = []
+    f.select_phy_offsets(out, "Aa", 10, 0, 2**62, accept=lambda off: off == 300)
+    assert out == [300]
+    assert f.header.index_count == 6 and f.header.hash_slot_count <= 4
+    assert (f.header.begin_phy_offset, f.header.end_phy_offset) == (0, 400)
+    assert (f.header.begin_timestamp, f.header.end_timestamp) == (T0, T0 + 7_000)
+    f.close()
+
+
+def test_damaged_chain_never_loops(tmp_path: Path) -> None:
+    f = IndexFile(tmp_path / "f", 1, 8)
+    for i in range(4):
+        assert f.put_key("T#k", i * 10, T0)
+    entries = INDEX_HEADER_SIZE + 4
+    f.mm[entries + 2 * 20 + 16: entries + 2 * 20 + 20] = (3).to_bytes(4, "big")  # entry 2 -> entry 3 (a cycle)
+    out: list[int] = []
+    f.select_phy_offsets(out, "T#k", 100, 0, 2**62)
+    assert out == [30, 20, 10]
+    f.close()
+
+
+def test_keys_of() -> None:
+    assert keys_of("a b  c", "U1") == ["U1", "a", "b", "c"]
+    assert keys_of(None, None) == []
+    assert keys_of("", "") == [""]  # RocketMQ indexes a present UNIQ_KEY even when empty
+    assert build_key("T", "k") == "T#k"
+
+
+def service(path: Path, clock: list[int], **kw: int) -> IndexService:
+    svc = IndexService(path, max_hash_slot_num=kw.get("slots", 16), max_index_num=kw.get("entries", 5),
+                       max_msgs_num_batch=kw.get("batch", 64), now_ms=lambda: clock[0])
+    svc.load()
+    return svc
+
+
+def test_service_rolls_over_reloads_and_deletes(tmp_path: Path) -> None:
+    clock = [T0]
+    svc = service(tmp_path / "index", clock)
+    assert svc.build_index("T", 0, T0, 0, None, None) == 0
+    assert svc.files == []  # nothing to index, no file
+    # 4 entries per file (entry 0 unused): 10 records of one key each, 3 files
+    for i in range(10):
+        assert svc.build_index("T", i * 100, T0 + i * 1000, 0, f"k{i % 3}", None) == 1
+    assert len(svc.files) == 3
+    names = [f.path.name for f in svc.files]
+    assert names == sorted(names) and len(set(names)) == 3  # unique even when created in one ms
+    local = time.localtime(T0 // 1000)
+    assert names[0] == time.strftime("%Y%m%d%H%M%S", local) + "000"  # yyyyMMddHHmmssSSS, local time
+    assert svc.files[1].header.begin_phy_offset == 400  # a new file starts after the full one's end
+    assert svc.build_index("T", 500, T0, 0, "late", None) == 0  # older than the newest entry: skipped
+    assert svc.build_index("T", 1000, T0 + 10_000, 0xC, "rolled-back", None) == 0  # rollback half
+    res = svc.query_offset("T", "k0", 10, 0, 2**62)
+    assert res.phy_offsets == [0, 300, 600, 900]
+    assert (res.index_last_update_phyoffset, res.index_last_update_timestamp) == (900, T0 + 9_000)
+    assert svc.query_offset("T", "k0", 2, 0, 2**62).phy_offsets == [600, 900]  # the newest, ascending
+    assert svc.query_offset("T", "k0", 10, T0 + 5_000, T0 + 8_000).phy_offsets == [600]
+    assert svc.query_offset("Other", "k0", 10, 0, 2**62).phy_offsets == []
+    svc.close()
+
+    again = service(tmp_path / "index", clock)
+    assert [f.path.name for f in again.files] == names
+    assert again.end_phy_offset == 900 and again.entry_count() == 10
+    assert again.query_offset("T", "k1", 10, 0, 2**62).phy_offsets == [100, 400, 700]
+    assert again.delete_expired_file(450) == 1  # the first file's newest entry (300) is below 450
+    assert again.delete_expired_file(10**9) == 1  # never the last file
+    assert len(again.files) == 1 and sorted(os.listdir(tmp_path / "index")) == names[2:]
+    again.close()
+
+
+def test_other_geometry_is_dropped_for_a_rebuild(tmp_path: Path) -> None:
+    clock = [T0]
+    svc = service(tmp_path / "index", clock)
+    svc.build_index("T", 0, T0, 0, "k", None)
+    svc.close()
+    other = service(tmp_path / "index", clock, slots=32)
+    assert other.files == [] and os.listdir(tmp_path / "index") == []
+    other.close()
+
+
+def test_reset_end_after_a_cut_log(tmp_path: Path) -> None:
+    clock = [T0]
+    svc = service(tmp_path / "index", clock, entries=64)
+    svc.build_index("T", 0, T0, 0, "a", None)
+    svc.build_index("T", 100, T0, 0, "b", None)
+    svc.reset_end_phy_offset(100)
+    assert svc.end_phy_offset == 100
+    assert svc.build_index("T", 100, T0, 0, "c", None) == 1  # the record now at 100 is indexed
+    svc.close()
+
+
+def test_default_size_file_is_sparse(tmp_path: Path) -> None:
+    svc = IndexService(tmp_path / "index")
+    svc.load()
+    svc.build_index("T", 0, T0, 0, "k", "U")
+    (f,) = svc.files
+    st = os.stat(f.path)
+    assert st.st_size == 420_000_040
+    assert st.st_blocks * 512 < 1024 * 1024  # only the pages written are allocated
+    assert svc.query_offset("T", "U", 1, 0, 2**62).phy_offsets == [0]
+    svc.close()

@@ -1,9 +1,10 @@
-"""The broker process: one RemotingServer plus the services that answer its requests.
+"""The broker process and its composition root: one RemotingServer plus the services that answer its requests.
 
-A service is an object with ``name``, ``async start()`` (load state; services start in list order, so the
-store is open before anything that needs it), ``async run(task_status)`` (its background loops, cancelled on
-stop) and ``async stop()`` (persist; called in reverse order after the server drained). Services register
-their request handlers on ``trimq.broker.server`` in their constructors.
+``Broker.__init__`` is the one place that builds the broker: every component once, kept as a typed attribute,
+each service handed exactly the collaborators it uses (typed by the small views in broker/deps.py), so a
+missing dependency is a TypeError here and not a SYSTEM_ERROR at request time. ``Broker.run`` starts the
+services in list order (the store is open before anything that needs it), runs their background loops,
+serves, and stops them in reverse order after the server drained (broker/services.py has the lifecycle).
 """
 
 from __future__ import annotations
@@ -12,41 +13,40 @@ import os
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
+from trimq.broker.acl import AccessValidator, load_acl
 from trimq.broker.config import BrokerConfig, ConfigError
+from trimq.broker.consumers import ConsumerManager
+from trimq.broker.locks import RebalanceLockManager
+from trimq.broker.long_polling import LongPolling
+from trimq.broker.metrics import BrokerCollector, BrokerMetrics
+from trimq.broker.namesrv.metrics import NamesrvCollector
+from trimq.broker.namesrv.service import NameServer, NamesrvService
+from trimq.broker.processors.admin_forward import AdminForwardService
+from trimq.broker.processors.admin_topic import AdminTopicService
+from trimq.broker.processors.basic import BasicService
+from trimq.broker.processors.consumer import CoordinationService, broker_now_ms, wall_ms
+from trimq.broker.processors.pull import PullService
+from trimq.broker.processors.register import RegisterService, advertised_host
+from trimq.broker.processors.retry import RetryService
+from trimq.broker.processors.send import SendService
+from trimq.broker.processors.subscription_group import SubscriptionGroupService
 from trimq.broker.server import RemotingServer, server_ssl_context, tls_listeners
+from trimq.broker.services import BrokerService
+from trimq.broker.store.message_store import RECLAIM_SETTINGS, MessageStore, StoreConfig
+from trimq.broker.store.offsets import ConsumerOffsetManager, offset_file_path
+from trimq.broker.store.schedule import ScheduleMessageService
+from trimq.broker.store.subscription_groups import SubscriptionGroupManager
+from trimq.broker.store.topics import TopicConfigManager
 from trimq.protocol.address import format_address, parse_address
 from trimq.protocol.logs import get_logger
 
 log = get_logger("trimq.broker")
 
-
-class BrokerService(Protocol):
-    name: str
-
-    async def start(self) -> None: ...
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-class HandlerService:
-    """Base of a service that only answers requests: nothing to load, run or persist."""
-
-    name = "handlers"
-
-    async def start(self) -> None:
-        pass
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-    async def stop(self) -> None:
-        pass
+__all__ = ["Broker", "open_broker", "store_config"]
 
 
 class Broker:
@@ -55,7 +55,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         config.validate()
         self.config = config
-        self.server = RemotingServer(
+        self.server = server = RemotingServer(
             name=config.broker_name,
             max_frame_bytes=config.max_frame_bytes,
             max_connections=config.max_connections,
@@ -68,32 +68,84 @@ class Broker:
             shutdown_grace_s=config.shutdown_grace_ms / 1000,
         )
         self.ssl_context = _server_ssl_context(config)
-        self.acl: Any = None  # broker.acl.AccessValidator when acl_file is set
+        self.acl: AccessValidator | None = None
         if config.acl_file:
-            from trimq.broker.acl import AccessValidator, load_acl
-
             acl = self.acl = AccessValidator(load_acl(config.acl_file))
-            self.server.authorizer = lambda cmd, conn: acl.check(cmd, conn.remote)
-        self.services: list[BrokerService] = []
-        self.components: dict[str, Any] = {}
+            server.authorizer = lambda cmd, conn: acl.check(cmd, conn.remote)
         self.started = trio.Event()
-        from trimq.broker.services import build_services
 
-        build_services(self)
-        self.metrics: Any = None  # broker.metrics.BrokerMetrics when metrics_port is set
-        if config.metrics_port:
-            from trimq.broker.metrics import BrokerMetrics
+        # -- storage (issue 3): the store, topic configs, consumer-group configs
+        self.store = MessageStore(store_config(config), store_host=self.advertised_host)
+        self.topic_config_manager = topics = TopicConfigManager(
+            config.store_dir, default_queue_nums=config.default_topic_queue_nums,
+            auto_create=config.auto_create_topic_enable, store=self.store)
+        self.subscription_group_manager = groups = SubscriptionGroupManager(
+            store_dir=config.store_dir, auto_create=config.auto_create_subscription_group)
+        # -- coordination (issue 4): membership, queue locks, consumer offsets
+        self.lock_manager = RebalanceLockManager(max_live_ms=config.rebalance_lock_max_live_time_ms,
+                                                 now_ms=broker_now_ms)
+        self.consumer_manager = ConsumerManager(
+            channel_expired_timeout_ms=config.channel_expired_timeout_ms, now_ms=broker_now_ms, wall_ms=wall_ms,
+            on_dirty=lambda: self.coordination_service.wake_notifier())
+        self.offset_manager = ConsumerOffsetManager(
+            offset_file_path(config.store_dir), broker_name=config.broker_name, lock_manager=self.lock_manager,
+            is_orderly=self.consumer_manager.is_orderly, now_ms=wall_ms)
+        self.long_polling = LongPolling()
+        self.namesrv = NameServer(server) if config.embedded_namesrv else None
 
-            self.metrics = BrokerMetrics(self)  # installs its hooks before anything is served
+        # -- request handlers: each gets the views it uses (broker/deps.py)
+        self.basic_service = BasicService(config=config, registry=server, connections=server.connections)
+        self.send_service = SendService(config=config, registry=server, store=self.store, topics=topics,
+                                        groups=groups)
+        self.pull_service = PullService(config=config, server=server, store=self.store, topics=topics,
+                                        offsets=self.offset_manager, long_polling=self.long_polling)
+        self.admin_topic_service = AdminTopicService(registry=server, store=self.store, topics=topics,
+                                                     default_queue_nums=config.default_topic_queue_nums)
+        self.namesrv_service = NamesrvService(self.namesrv) if self.namesrv is not None else None
+        self.register_service = RegisterService(config=config, server=server, topics=topics, namesrv=self.namesrv,
+                                                address=self.advertised_host, started=self.started)
+        self.coordination_service = CoordinationService(
+            config=config, registry=server, consumer_manager=self.consumer_manager, lock_manager=self.lock_manager,
+            offset_manager=self.offset_manager, topics=topics, groups=groups, store=self.store)
+        self.subscription_group_service = SubscriptionGroupService(registry=server, groups=groups)
+        # After the pull service: it wires the store's put hook, tags-code rule and arrivals before the store
+        # starts, so recovery computes due times the same way.
+        self.schedule_message_service = ScheduleMessageService(
+            store=self.store, store_dir=config.store_dir, topics=topics, delay_levels=config.message_delay_level,
+            flush_interval_ms=config.flush_delay_offset_interval_ms)
+        self.retry_service = RetryService(config=config, registry=server, store=self.store, topics=topics,
+                                          groups=groups, acl_enabled=self.acl is not None)
+        self.admin_forward_service = AdminForwardService(
+            registry=server, broker_name=config.broker_name, store=self.store, topics=topics,
+            offsets=self.offset_manager, offset_persister=self.coordination_service,
+            consumers=self.consumer_manager, locks=self.lock_manager)
+
+        #: Start order; stopped in reverse. The store first, topics before anything that creates topics.
+        self.services: list[BrokerService] = [
+            self.basic_service, self.store, topics, self.send_service, self.pull_service, self.admin_topic_service,
+            *([self.namesrv_service] if self.namesrv_service is not None else []), self.register_service,
+            self.coordination_service, groups, self.subscription_group_service, self.schedule_message_service,
+            self.retry_service, self.admin_forward_service,
+        ]
+        self.metrics: BrokerMetrics | None = None
+        if config.metrics_port:  # installs its hooks before anything is served
+            collector = BrokerCollector(
+                config=config, server=server, store=self.store, topics=topics, offsets=self.offset_manager,
+                consumers=self.consumer_manager, locks=self.lock_manager, send=self.send_service,
+                pull=self.pull_service, coordination=self.coordination_service, retry=self.retry_service,
+                schedule=self.schedule_message_service, long_polling=self.long_polling)
+            extra = (NamesrvCollector(self.namesrv, include_server=False),) if self.namesrv is not None else ()
+            self.metrics = BrokerMetrics(config=config, server=server, store=self.store, collector=collector,
+                                         extra=extra)
+
+    def advertised_host(self) -> tuple[str, int]:
+        """``(host, port)`` other processes reach this broker at (records' store host, routes)."""
+        return advertised_host(self.config, self.server.addresses)
 
     @property
     def address(self) -> str:
         """``host:port`` actually listened on (valid once started)."""
         return self.server.address
-
-    def component(self, name: str) -> Any:
-        """A named component (``store``, ``consumer_manager``, ``lock_manager``, ...)."""
-        return self.components[name]
 
     def shutdown(self) -> None:
         """Begin a graceful stop."""
@@ -140,6 +192,22 @@ class Broker:
         with open(tmp, "w") as fh:
             fh.write(format_address(host, port) + "\n")
         os.replace(tmp, path)
+
+
+def store_config(config: BrokerConfig) -> StoreConfig:
+    """The store's settings, from the broker's."""
+    return StoreConfig(
+        store_dir=config.store_dir,
+        segment_size=config.mapped_file_size_commit_log,
+        consume_queue_file_size=config.mapped_file_size_consume_queue,
+        flush_disk_type=config.flush_disk_type,
+        flush_interval_ms=config.flush_interval_ms,
+        sync_flush_timeout_ms=config.sync_flush_timeout_ms,
+        max_message_size=config.max_message_size,
+        max_transfer_count=config.max_transfer_count_on_message_in_memory,
+        max_transfer_bytes=config.max_transfer_bytes_on_message_in_memory,
+        **{name: getattr(config, name) for name in RECLAIM_SETTINGS},
+    )
 
 
 def _server_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:

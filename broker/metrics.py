@@ -29,8 +29,21 @@ from trimq.protocol.metrics_http import serve_metrics
 from trimq.protocol.validation import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
 
 if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
+    from prometheus_client.registry import Collector
+
+    from trimq.broker.config import BrokerConfig
+    from trimq.broker.consumers import ConsumerManager
+    from trimq.broker.locks import RebalanceLockManager
+    from trimq.broker.long_polling import LongPolling
+    from trimq.broker.processors.consumer import CoordinationService
+    from trimq.broker.processors.pull import PullService
+    from trimq.broker.processors.retry import RetryService
+    from trimq.broker.processors.send import SendService
     from trimq.broker.server import RemotingServer
+    from trimq.broker.store.message_store import MessageStore
+    from trimq.broker.store.offsets import ConsumerOffsetManager
+    from trimq.broker.store.schedule import ScheduleMessageService
+    from trimq.broker.store.topics import TopicConfigManager
 
 log = get_logger("trimq.metrics")
 
@@ -166,10 +179,26 @@ def _reclaim_metrics(store: Any) -> Iterator[Metric]:
 class BrokerCollector:
     """Reads the broker's components when the registry is scraped (on the trio thread, like everything else
     that touches them). A part that fails is skipped and logged (rate-limited): a scrape never takes the
-    broker down."""
+    broker down. The broker hands it every component it reads (broker/broker.py)."""
 
-    def __init__(self, broker: Broker, *, now_ms: Callable[[], int] | None = None) -> None:
-        self.broker = broker
+    def __init__(self, *, config: BrokerConfig, server: RemotingServer, store: MessageStore,
+                 topics: TopicConfigManager, offsets: ConsumerOffsetManager, consumers: ConsumerManager,
+                 locks: RebalanceLockManager, send: SendService, pull: PullService,
+                 coordination: CoordinationService, retry: RetryService, schedule: ScheduleMessageService,
+                 long_polling: LongPolling, now_ms: Callable[[], int] | None = None) -> None:
+        self.config = config
+        self.server = server
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.consumers = consumers
+        self.locks = locks
+        self.send = send
+        self.pull = pull
+        self.coordination = coordination
+        self.retry = retry
+        self.schedule = schedule
+        self.long_polling = long_polling
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._errors = RateLimiter(60_000)
 
@@ -186,14 +215,11 @@ class BrokerCollector:
                                  part=part.__name__.lstrip("_"), error=f"{type(exc).__name__}: {exc}")
 
     # -- parts ------------------------------------------------------------------------------------------
-    def _service(self, name: str) -> Any:
-        return next((s for s in self.broker.services if getattr(s, "name", None) == name), None)
-
     def _info(self) -> Iterator[Metric]:
-        cfg = self.broker.config
+        cfg = self.config
         info = _gauge("trimq_broker_info", _doc("trimq_broker_info"), ["cluster", "broker", "address"])
         try:
-            address = self.broker.address
+            address = self.server.address
         except IndexError:
             address = cfg.listen
         info.add_metric([cfg.cluster_name, cfg.broker_name, address], 1)
@@ -203,7 +229,7 @@ class BrokerCollector:
         yield perm
 
     def _traffic(self) -> Iterator[Metric]:
-        send = self._service("send")
+        send = self.send
         if send is not None:
             msgs = _counter("trimq_messages_in_total", _doc("trimq_messages_in_total"), ["topic"])
             size = _counter("trimq_throughput_in_bytes_total", _doc("trimq_throughput_in_bytes_total"), ["topic"])
@@ -212,7 +238,7 @@ class BrokerCollector:
                 size.add_metric([topic], b)
             yield msgs
             yield size
-        pull = self._service("pull")
+        pull = self.pull
         if pull is not None:
             labels = ["topic", "consumer_group"]
             msgs = _counter("trimq_messages_out_total", _doc("trimq_messages_out_total"), labels)
@@ -224,9 +250,7 @@ class BrokerCollector:
             yield size
 
     def _storage(self) -> Iterator[Metric]:
-        store = self.broker.components.get("store")
-        if store is None:
-            return
+        store = self.store
         cl = store.commitlog
         files = len(cl.segments) + (1 if cl.has_spare else 0)
         for name, value in (
@@ -239,7 +263,7 @@ class BrokerCollector:
             g.add_metric([], value)
             yield g
         yield from _reclaim_metrics(store)
-        topics = self.broker.components.get("topic_config_manager")
+        topics = self.topics
         if topics is not None:
             g = _gauge("trimq_topic_number", _doc("trimq_topic_number"))
             g.add_metric([], len(topics.all()))
@@ -248,8 +272,7 @@ class BrokerCollector:
     def _lag_targets(self) -> dict[str, set[str]]:
         """consumer group -> topics whose lag is reported: every stored offset, plus the subscriptions of
         the live clustering members (a group that never committed shows its whole backlog)."""
-        offsets = self.broker.components.get("offset_manager")
-        consumers = self.broker.components.get("consumer_manager")
+        offsets, consumers = self.offsets, self.consumers
         targets: dict[str, set[str]] = {}
         if offsets is not None:
             for key in offsets.encode()["offsetTable"]:
@@ -265,10 +288,7 @@ class BrokerCollector:
         return targets
 
     def _consumers(self) -> Iterator[Metric]:
-        offsets = self.broker.components.get("offset_manager")
-        consumers = self.broker.components.get("consumer_manager")
-        store = self.broker.components.get("store")
-        topics = self.broker.components.get("topic_config_manager")
+        offsets, consumers, store, topics = self.offsets, self.consumers, self.store, self.topics
         targets = self._lag_targets()
         groups = _gauge("trimq_consumer_group_number", _doc("trimq_consumer_group_number"))
         groups.add_metric([], len(targets))
@@ -311,7 +331,7 @@ class BrokerCollector:
             for event, n in sorted(consumers.stats.items()):
                 events.add_metric([event], n)
             yield events
-        coordination = self._service("coordination")
+        coordination = self.coordination
         if coordination is not None:
             c = _counter("trimq_consumer_ids_changed_notifications",
                          _doc("trimq_consumer_ids_changed_notifications_total"))
@@ -319,7 +339,7 @@ class BrokerCollector:
             yield c
 
     def _locks_offsets(self) -> Iterator[Metric]:
-        locks = self.broker.components.get("lock_manager")
+        locks = self.locks
         if locks is not None:
             held = _gauge("trimq_locks_held", _doc("trimq_locks_held"), ["consumer_group"])
             for group in locks.groups():
@@ -329,7 +349,7 @@ class BrokerCollector:
             for outcome, n in sorted(locks.stats.as_dict().items()):
                 ops.add_metric([outcome], n)
             yield ops
-        offsets = self.broker.components.get("offset_manager")
+        offsets = self.offsets
         if offsets is not None:
             fenced = _counter("trimq_offset_fenced_updates", _doc("trimq_offset_fenced_updates_total"),
                               ["consumer_group"])
@@ -341,7 +361,7 @@ class BrokerCollector:
             yield applied
 
     def _retries(self) -> Iterator[Metric]:
-        store = self.broker.components.get("store")
+        store = self.store
         if store is not None:
             # Queue max offsets only grow, so the messages ever stored in a group's %RETRY% / %DLQ% topic are a
             # counter for free (it also survives restarts), and it counts both ways in: send-back and the
@@ -356,13 +376,13 @@ class BrokerCollector:
                         family.add_metric([topic[len(prefix):]], total)
             yield retry
             yield dlq
-        retry_service = self.broker.components.get("retry_service")
+        retry_service = self.retry
         if retry_service is not None:
             back = _counter("trimq_send_back", _doc("trimq_send_back_total"), ["result"])
             back.add_metric(["retry"], retry_service.sent_back)
             back.add_metric(["dlq"], retry_service.dead_letters)
             yield back
-        schedule = self.broker.components.get("schedule_message_service")
+        schedule = self.schedule
         if schedule is not None:
             sched = _counter("trimq_schedule_messages", _doc("trimq_schedule_messages_total"), ["outcome"])
             sched.add_metric(["delivered"], schedule.delivered)
@@ -379,7 +399,7 @@ class BrokerCollector:
                 yield backlog
 
     def _server(self) -> Iterator[Metric]:
-        server = self.broker.server
+        server = self.server
         for name, value, kind in (
             ("trimq_connections", len(server.connections), _gauge),
             ("trimq_connections_refused_total", server.refused_connections, _counter),
@@ -388,7 +408,7 @@ class BrokerCollector:
             m = kind(name, _doc(name))
             m.add_metric([], value)
             yield m
-        lp = self.broker.components.get("long_polling")
+        lp = self.long_polling
         if lp is not None:
             for name, value in (("trimq_long_polling_requests_held", lp.held),
                                 ("trimq_long_polling_queues", lp.waiting_queues)):
@@ -402,38 +422,36 @@ class BrokerMetrics:
     process collector, and the embedded name server's metrics when it has one.
 
     ``Broker.__init__`` creates it when ``metrics_port`` is set (installing the hooks before anything is
-    served); ``Broker.run`` starts :meth:`serve` in its background nursery.
+    served); ``Broker.run`` starts :meth:`serve` in its background nursery. ``extra``: more collectors for
+    the same registry (the embedded name server's).
     """
 
-    def __init__(self, broker: Broker, registry: CollectorRegistry | None = None) -> None:
-        self.broker = broker
+    def __init__(self, *, config: BrokerConfig, server: RemotingServer, store: MessageStore,
+                 collector: BrokerCollector, extra: tuple[Collector, ...] = (),
+                 registry: CollectorRegistry | None = None) -> None:
+        self.broker_name = config.broker_name
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        self.host = broker.config.metrics_host
-        self.port = broker.config.metrics_port
+        self.host = config.metrics_host
+        self.port = config.metrics_port
         self.address: tuple[str, int] | None = None
-        self.rpc = RpcMetrics(self.registry, broker.server)
+        self.rpc = RpcMetrics(self.registry, server)
         self.append_latency = Histogram("trimq_storage_append_latency_seconds", _doc(
             "trimq_storage_append_latency_seconds"), registry=self.registry, buckets=STORE_BUCKETS)
         self.fsync_latency = Histogram("trimq_storage_fsync_latency_seconds", _doc(
             "trimq_storage_fsync_latency_seconds"), ["mode"], registry=self.registry, buckets=STORE_BUCKETS)
         fsync_children = {mode: self.fsync_latency.labels(mode) for mode in ("interval", "group_commit")}
-        store = broker.components.get("store")
-        if store is not None:
-            store.on_append = self.append_latency.observe
-            store.on_fsync = lambda mode, seconds: fsync_children[mode].observe(seconds)
-        self.collector = BrokerCollector(broker)
+        store.on_append = self.append_latency.observe
+        store.on_fsync = lambda mode, seconds: fsync_children[mode].observe(seconds)
+        self.collector = collector
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)
-        namesrv = broker.components.get("namesrv")
-        if namesrv is not None:
-            from trimq.broker.namesrv.metrics import NamesrvCollector
-
-            self.registry.register(NamesrvCollector(namesrv, include_server=False))
+        for more in extra:
+            self.registry.register(more)
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve ``GET /metrics`` until cancelled; ``task_status.started((host, port))``."""
         async with trio.open_nursery() as nursery:
             self.address = await nursery.start(serve_metrics, self.registry, self.host, self.port)
-            log.info("metrics.started", daemon="broker", broker=self.broker.config.broker_name,
+            log.info("metrics.started", daemon="broker", broker=self.broker_name,
                      address=f"{self.address[0]}:{self.address[1]}")
             task_status.started(self.address)

@@ -1,41 +1,42 @@
-"""Which services make up a broker, in start order. Each issue's services are added here."""
+"""The broker service lifecycle: what ``Broker.run`` starts, runs and stops (broker/broker.py builds them).
+
+A service is an object with ``name``, ``async start()`` (load state; services start in list order, so the
+store is open before anything that needs it), ``async run(task_status)`` (its background loops, cancelled on
+stop) and ``async stop()`` (persist; called in reverse order after the server drained). Services that answer
+requests register their handlers on the registry they are given, in their constructors.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
+import trio
+
+__all__ = ["BrokerService", "HandlerService"]
 
 
-def build_services(broker: Broker) -> None:
-    """Create the broker's services (they register their handlers) and append them to ``trimq.broker.services``."""
-    from trimq.broker.processors.basic import BasicService
+class BrokerService(Protocol):
+    """One part of a broker with the start / run / stop lifecycle."""
 
-    broker.services.append(BasicService(broker))
+    name: str
 
-    # Storage (issue 3): store, topics, send, pull, topic admin, name server, registration. Before the rest.
-    from trimq.broker.processors.storage import add_storage_services
+    async def start(self) -> None: ...
 
-    add_storage_services(broker)
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
 
-    # Coordination (issue 4): consumer groups, queue locks, consumer offsets. After the store/topic services.
-    from trimq.broker.processors.consumer import CoordinationService
+    async def stop(self) -> None: ...
 
-    broker.services.append(CoordinationService(broker))
 
-    # Retries, delay levels, dead letters (issue 5): subscription groups, the schedule service (wires the
-    # store's put hook / tags-code rule / arrivals, so it must exist before the store starts), send-back + DLQ.
-    from trimq.broker.processors.retry import RetryService
-    from trimq.broker.store.schedule import ScheduleMessageService
-    from trimq.broker.store.subscription_groups import SubscriptionGroupManager
+class HandlerService:
+    """Base of a service that only answers requests: nothing to load, run or persist."""
 
-    broker.services.append(SubscriptionGroupManager(broker))
-    broker.services.append(ScheduleMessageService(broker))
-    broker.services.append(RetryService(broker))
+    name = "handlers"
 
-    # Operations (issue 8): admin requests answered through the consumers (running info, skip, offset reset
-    # by time) and topic stats. After coordination: it uses the consumer, lock and offset managers.
-    from trimq.broker.processors.admin_forward import AdminForwardService
+    async def start(self) -> None:
+        pass
 
-    broker.services.append(AdminForwardService(broker))
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def stop(self) -> None:
+        pass

@@ -13,7 +13,7 @@ import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -25,9 +25,6 @@ from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
 from trimq.protocol.logs import get_logger
-
-if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
 
 log = get_logger("trimq.namesrv")
 
@@ -118,6 +115,13 @@ class NameServer:
         if first:
             log.info("namesrv.broker_registered", broker_addr=broker_addr, broker_name=broker_name,
                      cluster=cluster, topics=len(topic_config_table), embedded=True)
+
+    def unregister_local(self, *, cluster: str, broker_addr: str, broker_name: str, broker_id: int) -> None:
+        """Drop a broker of this process at once (it is draining)."""
+        if self.routes.unregister_broker(cluster=cluster, broker_addr=broker_addr, broker_name=broker_name,
+                                         broker_id=broker_id):
+            log.info("namesrv.broker_unregistered", broker_addr=broker_addr, broker_name=broker_name,
+                     cluster=cluster, embedded=True)
 
     # -- handlers -------------------------------------------------------------------------------------------
     @staticmethod
@@ -248,14 +252,13 @@ async def serve_namesrv(config: NamesrvConfig, *,
 
 
 class NamesrvService:
-    """The name server inside a broker (``--embedded-namesrv``): same port, same process."""
+    """The name server inside a broker (``--embedded-namesrv``: same port, same process) as a broker service:
+    its expiry scanner runs with the broker's other services."""
 
     name = "namesrv"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.namesrv = NameServer(broker.server)
-        broker.components["namesrv"] = self.namesrv
+    def __init__(self, namesrv: NameServer) -> None:
+        self.namesrv = namesrv
 
     async def start(self) -> None:
         pass

@@ -26,9 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from trimq.broker.broker import HandlerService
+from trimq.broker.deps import (
+    ConsumerChannels,
+    ConsumerOffsets,
+    HandlerRegistry,
+    LockOwners,
+    OffsetPersister,
+    QueueOffsets,
+    Topics,
+)
 from trimq.broker.processors.send import int_field, str_field
 from trimq.broker.server import ConnectionClosedError, RequestError
+from trimq.broker.services import HandlerService
 from trimq.protocol.codes import RequestCode, ResponseCode, code_name
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.logs import get_logger
@@ -36,7 +45,6 @@ from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic
 
 if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
     from trimq.broker.server import Connection
 
 log = get_logger("trimq.broker.admin_forward")
@@ -97,28 +105,26 @@ class AdminForwardService(HandlerService):
 
     name = "admin_forward"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, *, registry: HandlerRegistry, broker_name: str, store: QueueOffsets, topics: Topics,
+                 offsets: ConsumerOffsets, offset_persister: OffsetPersister, consumers: ConsumerChannels,
+                 locks: LockOwners) -> None:
+        self.broker_name = broker_name
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.offset_persister = offset_persister
+        self.consumers = consumers
+        self.locks = locks
         #: Counters for metrics and tests.
         self.stats: dict[str, int] = {"running_info_forwarded": 0, "skips_forwarded": 0, "resets": 0,
                                       "reset_notifications": 0, "forward_failures": 0}
-        reg = broker.server.register
+        reg = registry.register
         reg(RequestCode.GET_CONSUMER_RUNNING_INFO, self.get_consumer_running_info)
         reg(RequestCode.SKIP_MESSAGE, self.skip_message)
         reg(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, self.invoke_broker_to_reset_offset)
         reg(RequestCode.GET_TOPIC_STATS_INFO, self.get_topic_stats_info)
 
     # ------------------------------------------------------------------ helpers
-
-    @property
-    def broker_name(self) -> str:
-        return self.broker.config.broker_name
-
-    def _component(self, name: str) -> Any:
-        comp = self.broker.components.get(name)
-        if comp is None:
-            raise RequestError(ResponseCode.SYSTEM_ERROR, f"this broker has no {name}")
-        return comp
 
     async def _call_client(self, conn: Connection, code: int, ext: dict[str, Any], body: Any,
                            timeout_s: float, what: str) -> RemotingCommand:
@@ -136,7 +142,7 @@ class AdminForwardService(HandlerService):
                                f"{what}: the client's connection closed before it answered") from None
 
     def _channel(self, group: str, client_id: str) -> Connection:
-        conn = self._component("consumer_manager").find_channel(group, client_id)
+        conn = self.consumers.find_channel(group, client_id)
         if conn is None:
             raise RequestError(ResponseCode.CONSUMER_NOT_ONLINE,
                                f"The Consumer <{group}> <{client_id}> not online")
@@ -210,14 +216,14 @@ class AdminForwardService(HandlerService):
 
     async def _queue_holder(self, group: str, mq: MessageQueue, wanted: Any) -> tuple[str, Connection, str]:
         """(client id, connection, how it was found) of the member to send a skip for ``mq`` to."""
-        cm = self._component("consumer_manager")
+        cm = self.consumers
         members = cm.member_connections(group)
         if not members:
             raise RequestError(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group [{group}] is not online")
         if isinstance(wanted, str) and wanted:
             return wanted, self._channel(group, wanted), "clientId"
         if cm.is_orderly(group):
-            owner = self._component("lock_manager").live_owner(group, mq)
+            owner = self.locks.live_owner(group, mq)
             if owner is not None:
                 owner_conn = cm.find_channel(group, owner)
                 if owner_conn is not None:
@@ -257,12 +263,12 @@ class AdminForwardService(HandlerService):
         assert topic is not None and group is not None
         timestamp = int_field(ext, "timestamp")
         force = _bool_field(where, ext, "isForce", True)
-        tc = self._component("topic_config_manager").get(topic)
+        tc = self.topics.get(topic)
         if tc is None:
             raise RequestError(ResponseCode.TOPIC_NOT_EXIST,
                                f"[reset-offset] reset offset failed, no topic in this broker. topic={topic}")
-        store = self._component("store")
-        om = self._component("offset_manager")
+        store = self.store
+        om = self.offsets
         rows = compute_reset_offsets(
             queue_ids=range(tc.read_queue_nums), timestamp=timestamp, force=force,
             by_time=lambda q, ts: store.get_offset_in_queue_by_time(topic, q, ts),
@@ -276,7 +282,7 @@ class AdminForwardService(HandlerService):
         self.stats["resets"] += 1
         persisted = await self._persist_offsets()
         table = [{"mq": MessageQueue(topic, self.broker_name, qid).to_wire(), "offset": new} for qid, new, _ in rows]
-        members = self._component("consumer_manager").member_connections(group)
+        members = self.consumers.member_connections(group)
         clients: list[dict[str, Any]] = []
         if members:
             fwd = {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force}
@@ -320,15 +326,11 @@ class AdminForwardService(HandlerService):
 
     async def _persist_offsets(self) -> bool:
         # The coordination service owns the offset file; ask it to write now rather than within 5 s.
-        for svc in self.broker.services:
-            persist = getattr(svc, "persist_offsets", None)
-            if persist is not None:
-                try:
-                    return bool(await persist())
-                except OSError as exc:
-                    log.error("admin.offset_persist_failed", error=str(exc))
-                    return False
-        return False
+        try:
+            return bool(await self.offset_persister.persist_offsets())
+        except OSError as exc:
+            log.error("admin.offset_persist_failed", error=str(exc))
+            return False
 
     # ------------------------------------------------------------------ GET_TOPIC_STATS_INFO (202)
 
@@ -336,10 +338,10 @@ class AdminForwardService(HandlerService):
         """202: RocketMQ's TopicStatsTable — min offset, max offset and last store time of each queue."""
         topic = _name("GET_TOPIC_STATS_INFO", cmd.ext or {}, "topic", "topic")
         assert topic is not None
-        tc = self._component("topic_config_manager").get(topic)
+        tc = self.topics.get(topic)
         if tc is None:
             raise RequestError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
-        store = self._component("store")
+        store = self.store
         rows = []
         for qid in range(max(tc.read_queue_nums, tc.write_queue_nums)):
             max_offset = store.get_max_offset_in_queue(topic, qid)

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trimq.broker.broker import HandlerService
+from trimq.broker.deps import AdminStore, HandlerRegistry, TopicAdmin
 from trimq.broker.processors.send import int_field, str_field
 from trimq.broker.server import RequestError
-from trimq.broker.store.message_store import MessageStore
-from trimq.broker.store.topics import MAX_QUEUE_NUMS, TopicConfig, TopicConfigManager
+from trimq.broker.services import HandlerService
+from trimq.broker.store.topics import MAX_QUEUE_NUMS, TopicConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.logs import get_logger
 from trimq.protocol.validation import SYSTEM_TOPICS, InvalidNameError, check_topic
 
 if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
     from trimq.broker.server import Connection
 
 log = get_logger("trimq.admin")
@@ -25,13 +24,16 @@ __all__ = ["AdminTopicService"]
 
 
 class AdminTopicService(HandlerService):
+    """Topic configs and queue offsets for admin tools; new queues get ``default_queue_nums`` by default."""
+
     name = "admin_topic"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.store: MessageStore = broker.components["store"]
-        self.topics: TopicConfigManager = broker.components["topic_config_manager"]
-        reg = broker.server.register
+    def __init__(self, *, registry: HandlerRegistry, store: AdminStore, topics: TopicAdmin,
+                 default_queue_nums: int) -> None:
+        self.store = store
+        self.topics = topics
+        self.default_queue_nums = default_queue_nums
+        reg = registry.register
         reg(RequestCode.UPDATE_AND_CREATE_TOPIC, self.update_and_create_topic)
         reg(RequestCode.GET_ALL_TOPIC_CONFIG, self.get_all_topic_config)
         reg(RequestCode.GET_MAX_OFFSET, self.get_max_offset)
@@ -52,7 +54,7 @@ class AdminTopicService(HandlerService):
         if topic in SYSTEM_TOPICS:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"the topic[{topic}] is conflict with system topic.")
         old = self.topics.get(topic)
-        default = self.broker.config.default_topic_queue_nums
+        default = self.default_queue_nums
         read = int_field(ext, "readQueueNums", old.read_queue_nums if old else default)
         write = int_field(ext, "writeQueueNums", old.write_queue_nums if old else default)
         perm = int_field(ext, "perm", old.perm if old else 6)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sized
 from typing import TYPE_CHECKING
 
 import trio
 
+from trimq.broker.config import BrokerConfig
+from trimq.broker.deps import HandlerRegistry
 from trimq.protocol.codes import RequestCode
 from trimq.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
     from trimq.broker.server import Connection
 
 
@@ -21,10 +23,12 @@ class BasicService:
 
     name = "basic"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, *, config: BrokerConfig, registry: HandlerRegistry, connections: Sized) -> None:
+        """``connections``: the server's open connections (only counted)."""
+        self.config = config
+        self.connections = connections
         self.started_at = time.time()
-        broker.server.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
+        registry.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
 
     async def start(self) -> None:
         self.started_at = time.time()
@@ -42,14 +46,14 @@ class BasicService:
             ver = version("trimq")
         except PackageNotFoundError:
             ver = "dev"
-        cfg = self.broker.config
+        cfg = self.config
         body = {
             "brokerName": cfg.broker_name,
             "clusterName": cfg.cluster_name,
             "version": ver,
             "pid": os.getpid(),
             "uptimeMs": int((time.time() - self.started_at) * 1000),
-            "connections": len(self.broker.server.connections),
+            "connections": len(self.connections),
             "flushDiskType": cfg.flush_disk_type,
         }
         return RemotingCommand.response_to(cmd, body=body)

@@ -1,7 +1,7 @@
 """Broker coordination over the wire: consumer groups, queue locks, consumer offsets and their admin views.
 
-``CoordinationService`` owns three components (``broker.components``): ``consumer_manager``
-(broker/consumers.py), ``lock_manager`` (broker/locks.py) and ``offset_manager`` (broker/store/offsets.py),
+``CoordinationService`` drives three components the broker builds for it: the consumer manager
+(broker/consumers.py), the lock manager (broker/locks.py) and the offset manager (broker/store/offsets.py). It
 answers HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ,
 QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET and the admin queries GET_CONSUMER_CONNECTION_LIST,
 GET_CONSUME_STATS, GET_LOCK_TABLE and GET_SUBSCRIPTION_CONSISTENCY, and runs three loops: client expiry,
@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from trimq.broker.config import BrokerConfig
 from trimq.broker.consumers import ConsumerManager, parse_heartbeat
+from trimq.broker.deps import HandlerRegistry, QueueOffsets, SubscriptionGroups, Topics
 from trimq.broker.locks import RebalanceLockManager
 from trimq.broker.server import RequestError
 from trimq.broker.store.atomic import write_json_atomic
-from trimq.broker.store.offsets import ConsumerOffsetManager, offset_file_path
+from trimq.broker.store.offsets import ConsumerOffsetManager
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.logs import get_logger
@@ -32,12 +34,11 @@ from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic, retry_topic
 
 if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
     from trimq.broker.server import Connection
 
 log = get_logger("trimq.broker.coordination")
 
-__all__ = ["CoordinationService", "broker_now_ms"]
+__all__ = ["CoordinationService", "broker_now_ms", "wall_ms"]
 
 NOTIFY_SEND_TIMEOUT_S = 5.0
 
@@ -47,7 +48,8 @@ def broker_now_ms() -> int:
     return int(trio.current_time() * 1000)
 
 
-def _wall_ms() -> int:
+def wall_ms() -> int:
+    """The wall clock in milliseconds: persisted and displayed timestamps."""
     return time.time_ns() // 1_000_000
 
 
@@ -114,26 +116,21 @@ class CoordinationService:
 
     name = "coordination"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        cfg = broker.config
+    def __init__(self, *, config: BrokerConfig, registry: HandlerRegistry, consumer_manager: ConsumerManager,
+                 lock_manager: RebalanceLockManager, offset_manager: ConsumerOffsetManager, topics: Topics,
+                 groups: SubscriptionGroups, store: QueueOffsets) -> None:
+        """The consumer manager's ``on_dirty`` must call :meth:`wake_notifier` (the broker wires it)."""
+        self.config = config
+        self.consumer_manager = consumer_manager
+        self.lock_manager = lock_manager
+        self.offset_manager = offset_manager
+        self.topics = topics
+        self.groups = groups
+        self.store = store
         self._dirty_event = trio.Event()
         self._persist_lock = trio.Lock()
-        self.lock_manager = RebalanceLockManager(max_live_ms=cfg.rebalance_lock_max_live_time_ms,
-                                                 now_ms=broker_now_ms)
-        self.consumer_manager = ConsumerManager(channel_expired_timeout_ms=cfg.channel_expired_timeout_ms,
-                                                now_ms=broker_now_ms, wall_ms=_wall_ms,
-                                                on_dirty=self._wake_notifier)
-        self.offset_manager = ConsumerOffsetManager(
-            offset_file_path(cfg.store_dir), broker_name=cfg.broker_name, lock_manager=self.lock_manager,
-            is_orderly=self.consumer_manager.is_orderly, now_ms=_wall_ms,
-        )
         #: Counters for metrics and tests.
         self.stats: dict[str, int] = {"notifications_sent": 0, "offset_persists": 0, "offset_persist_failures": 0}
-        broker.components["consumer_manager"] = self.consumer_manager
-        broker.components["lock_manager"] = self.lock_manager
-        broker.components["offset_manager"] = self.offset_manager
-        server = broker.server
         for code, handler in (
             (RequestCode.HEART_BEAT, self.heart_beat),
             (RequestCode.UNREGISTER_CLIENT, self.unregister_client),
@@ -147,8 +144,8 @@ class CoordinationService:
             (RequestCode.GET_LOCK_TABLE, self.get_lock_table),
             (RequestCode.GET_SUBSCRIPTION_CONSISTENCY, self.get_subscription_consistency),
         ):
-            server.register(code, handler, inline=True)  # none of them waits: no task per request
-        server.on_connection_closed(self._on_connection_closed)
+            registry.register(code, handler, inline=True)  # none of them waits: no task per request
+        registry.on_connection_closed(self._on_connection_closed)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -172,7 +169,7 @@ class CoordinationService:
 
     async def _housekeeping_loop(self) -> None:
         # RocketMQ's ClientHousekeepingService: scan every 10 s, drop clients silent for 120 s.
-        interval = self.broker.config.client_housekeeping_interval_ms / 1000
+        interval = self.config.client_housekeeping_interval_ms / 1000
         while True:
             await trio.sleep(interval)
             for group, client_id in self.consumer_manager.scan_not_active():
@@ -186,12 +183,13 @@ class CoordinationService:
             self.lock_manager.unlock_all_for_client(group, client_id)
             log.info("lock.expired_entries_dropped", group=group, client_id=client_id, queues=len(mine))
 
-    def _wake_notifier(self) -> None:
+    def wake_notifier(self) -> None:
+        """A consumer group changed: push NOTIFY_CONSUMER_IDS_CHANGED after the coalescing window."""
         self._dirty_event.set()
 
     async def _notify_loop(self) -> None:
         # One pass per coalescing window: everything that changed meanwhile costs one notification per member.
-        delay = self.broker.config.notify_consumer_ids_changed_delay_ms / 1000
+        delay = self.config.notify_consumer_ids_changed_delay_ms / 1000
         while True:
             await self._dirty_event.wait()
             self._dirty_event = trio.Event()
@@ -214,7 +212,7 @@ class CoordinationService:
         log.debug("consumer.notified", group=group, client_id=client_id, remote=conn.remote)
 
     async def _persist_loop(self) -> None:
-        interval = self.broker.config.flush_consumer_offset_interval_ms / 1000
+        interval = self.config.flush_consumer_offset_interval_ms / 1000
         while True:
             await trio.sleep(interval)
             await self.persist_offsets()
@@ -245,10 +243,10 @@ class CoordinationService:
         self.consumer_manager.connection_closed(conn)
         client_id = conn.attributes.get("client_id")
         if client_id:
-            orphaned = self.lock_manager.orphan_client(client_id, self.broker.config.orphaned_lock_max_live_time_ms)
+            orphaned = self.lock_manager.orphan_client(client_id, self.config.orphaned_lock_max_live_time_ms)
             if orphaned:
                 log.info("lock.orphaned", client_id=client_id, queues=len(orphaned),
-                         expires_after_ms=self.broker.config.orphaned_lock_max_live_time_ms)
+                         expires_after_ms=self.config.orphaned_lock_max_live_time_ms)
 
     # ------------------------------------------------------------------ membership
 
@@ -267,27 +265,22 @@ class CoordinationService:
         # As RocketMQ's heartbeat does: find (auto-creating) the group's subscription config and make sure its
         # %RETRY% topic exists with the configured retryQueueNums (1 by default), so consumers find a route for
         # it. Both managers persist on their own; a heartbeat never waits for a disk write.
-        tcm = self.broker.components.get("topic_config_manager")
-        sgm = self.broker.components.get("subscription_group_manager")
         topic = retry_topic(group)
         try:
-            queue_nums = 1
-            if sgm is not None:
-                cfg = sgm.find(group)
-                if cfg is None:  # unknown group and auto-creation off: RocketMQ creates nothing either
-                    return
-                queue_nums = cfg.retry_queue_nums
-            if tcm is None or queue_nums <= 0 or tcm.get(topic) is not None:
+            cfg = self.groups.find(group)
+            if cfg is None:  # unknown group and auto-creation off: RocketMQ creates nothing either
                 return
-            tcm.ensure_topic(topic, queue_nums)
+            queue_nums = cfg.retry_queue_nums
+            if queue_nums <= 0 or self.topics.get(topic) is not None:
+                return
+            self.topics.ensure_topic(topic, queue_nums)
         except Exception as exc:
             log.error("consumer.retry_topic_failed", group=group, topic=topic, error=f"{type(exc).__name__}: {exc}")
 
     def _notify_enabled(self, group: str) -> bool:
-        if not self.broker.config.notify_consumer_ids_changed_enable:
+        if not self.config.notify_consumer_ids_changed_enable:
             return False
-        sgm = self.broker.components.get("subscription_group_manager")
-        cfg = sgm.get(group) if sgm is not None else None
+        cfg = self.groups.get(group)
         return bool(getattr(cfg, "notify_consumer_ids_changed_enable", True))
 
     async def unregister_client(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -427,19 +420,18 @@ class CoordinationService:
         group = _field(where, cmd.ext, "consumerGroup", "group")
         topic = _field(where, cmd.ext, "topic", "topic", required=False)
         om, cm = self.offset_manager, self.consumer_manager
-        store = self.broker.components.get("store")
-        tcm = self.broker.components.get("topic_config_manager")
+        store, tcm = self.store, self.topics
         if topic is not None:
             topics = [topic]
-            if tcm is not None and tcm.get(topic) is None and not om.queue_offsets(group, topic):
+            if tcm.get(topic) is None and not om.queue_offsets(group, topic):
                 raise RequestError(ResponseCode.TOPIC_NOT_EXIST, f"topic {topic} does not exist on this broker")
         else:
             topics = sorted(set(om.topics_of_group(group)) | set(cm.subscribed_topics(group)))
         orderly = cm.is_orderly(group)
-        broker_name = self.broker.config.broker_name
+        broker_name = self.config.broker_name
         rows: list[dict[str, Any]] = []
         for t in topics:
-            tc = tcm.get(t) if tcm is not None else None
+            tc = tcm.get(t)
             queue_ids = range(tc.read_queue_nums) if tc is not None else range(0)
             for p in om.progress(group, t, queue_ids, store):
                 mq = MessageQueue(t, broker_name, p.queue_id)
@@ -465,7 +457,7 @@ class CoordinationService:
         group = _field("GET_LOCK_TABLE", cmd.ext, "consumerGroup", "group", required=False)
         lm = self.lock_manager
         groups = [group] if group is not None else lm.groups()
-        wall = _wall_ms()
+        wall = wall_ms()
         rows = [
             {
                 "consumerGroup": g,

@@ -20,7 +20,7 @@ OFFSET_FOUND_NULL           PULL_NOT_FOUND          the offset
 A PULL_NOT_FOUND with the suspend flag is held (long polling) for min(suspendTimeoutMillis,
 suspend_timeout_ms), or ``short_polling_time_ms`` when long polling is off, and answered as soon as the
 queue grows. With the commit-offset flag the group's ``commitOffset`` is stored (first pass only, like
-RocketMQ's ``brokerAllowSuspend``) through ``broker.components["offset_manager"]`` when there is one.
+RocketMQ's ``brokerAllowSuspend``) in the consumer offsets (the same fencing as UPDATE_CONSUMER_OFFSET).
 """
 
 from __future__ import annotations
@@ -34,18 +34,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from trimq.broker.config import BrokerConfig
+from trimq.broker.deps import ConsumerOffsets, QueueReader, RequestServer, Topics
 from trimq.broker.long_polling import LongPolling
 from trimq.broker.processors.send import int_field, str_field
 from trimq.broker.server import DEFERRED, Deferred, RequestError
 from trimq.broker.store.consume_queue import tags_string_to_tags_code
-from trimq.broker.store.message_store import GetMessageResult, GetMessageStatus, MessageStore
-from trimq.broker.store.topics import TopicConfigManager
+from trimq.broker.store.message_store import GetMessageResult, GetMessageStatus
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.logs import get_logger
 
 if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
     from trimq.broker.server import Connection
 
 log = get_logger("trimq.pull")
@@ -88,7 +88,7 @@ def parse_subscription(expression: str | None) -> frozenset[int] | None:
     return frozenset(tags_string_to_tags_code(t) for t in tags)
 
 
-def _grown(store: MessageStore, topic: str, queue_id: int, offset: int) -> Callable[[], bool]:
+def _grown(store: QueueReader, topic: str, queue_id: int, offset: int) -> Callable[[], bool]:
     return lambda: store.get_max_offset_in_queue(topic, queue_id) > offset
 
 
@@ -97,21 +97,22 @@ class PullService:
 
     name = "pull"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.config = broker.config
-        self.store: MessageStore = broker.components["store"]
-        self.topics: TopicConfigManager = broker.components["topic_config_manager"]
-        self.long_polling = LongPolling()
+    def __init__(self, *, config: BrokerConfig, server: RequestServer, store: QueueReader, topics: Topics,
+                 offsets: ConsumerOffsets, long_polling: LongPolling) -> None:
+        self.config = config
+        self.server = server
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.long_polling = long_polling
         self.store.arrival_listeners.append(self.long_polling.notify)
-        broker.components["long_polling"] = self.long_polling
         #: (topic, group) -> [messages, record bytes] returned by pulls, read by broker/metrics.py at scrape time.
         self.get_stats: dict[tuple[str, str], list[int]] = {}
         # A pull is answered in the connection's reading task when it finds messages (or must not wait), and held
         # without a task when it must wait (long polling): the arrival of a message answers it from the
         # sender's append, the expiry loop below answers it on timeout. Only past the per-connection bound of
         # held pulls, or with an authorizer, does a pull get a task of its own (pull_message).
-        broker.server.register(RequestCode.PULL_MESSAGE, self.pull_message, fast_path=self.pull_message_fast)
+        server.register(RequestCode.PULL_MESSAGE, self.pull_message, fast_path=self.pull_message_fast)
         self._deadlines: list[tuple[float, int, _HeldPull]] = []  # heap; answered entries are skipped
         self._seq = 0
         self._expiry_wakeup = trio.Event()
@@ -125,7 +126,7 @@ class PullService:
             nursery.start_soon(self._expiry_loop)
             task_status.started()
             # Held pulls must be answered as soon as the broker starts draining, not after their timeout.
-            await self.broker.server.wait_shutdown()
+            await self.server.wait_shutdown()
             self.long_polling.shutdown()
             nursery.cancel_scope.cancel()
 
@@ -151,7 +152,7 @@ class PullService:
     def _hold_fast(self, cmd: RemotingCommand, conn: Connection, group: str, topic: str, queue_id: int,
                    max_nums: int, tag_codes: frozenset[int] | None, result: GetMessageResult) -> bool:
         """Hold a pull without a task (see __init__); False when it must take the task path instead."""
-        if self.long_polling.closed or conn.deferred >= self.broker.server.max_inflight_requests:
+        if self.long_polling.closed or conn.deferred >= self.server.max_inflight_requests:
             return False
         if self.config.long_polling_enable:
             hold_ms = min(max(0, int_field(cmd.ext, "suspendTimeoutMillis", 15_000)), self.config.suspend_timeout_ms)
@@ -276,14 +277,11 @@ class PullService:
             return result, code
 
     def _commit_offset(self, group: str, topic: str, queue_id: int, ext: dict[str, Any], conn: Connection) -> None:
-        manager = self.broker.components.get("offset_manager")
-        if manager is None:
-            return
         commit = int_field(ext, "commitOffset", -1)
         if commit < 0:
             return
         try:
-            manager.commit_offset(group, topic, queue_id, commit, conn.attributes.get("client_id"), source="pull")
+            self.offsets.commit_offset(group, topic, queue_id, commit, conn.attributes.get("client_id"), source="pull")
         except Exception:
             log.exception("pull.commit_offset_failed", group=group, topic=topic, queue_id=queue_id)
 

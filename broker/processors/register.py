@@ -9,18 +9,17 @@ UNREGISTER_BROKER, so clients stop getting routes to it at once.
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
+from trimq.broker.config import BrokerConfig
+from trimq.broker.deps import AddressSource, Draining, LocalNameServer, TopicTable
 from trimq.broker.outbound import OutboundClient, OutboundError
 from trimq.protocol.address import format_address, parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.logs import RateLimiter, get_logger
-
-if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
 
 log = get_logger("trimq.register")
 
@@ -31,13 +30,13 @@ REQUEST_TIMEOUT_S = 3.0
 TOPIC_CHANGE_DEBOUNCE_S = 0.05
 
 
-def advertised_host(broker: Broker) -> tuple[str, int]:
+def advertised_host(cfg: BrokerConfig, bound: list[tuple[str, int]]) -> tuple[str, int]:
     """The address other processes reach this broker at (store host in records, address in routes):
-    ``broker_ip`` if set, else the listen host (127.0.0.1 for a wildcard), with the port actually bound."""
-    cfg = broker.config
+    ``broker_ip`` if set, else the listen host (127.0.0.1 for a wildcard), with the port actually bound
+    (``bound``: the server's listening addresses, empty before it listens)."""
     host, port = parse_address(cfg.listen)
-    if broker.server.addresses:
-        port = broker.server.addresses[0][1]
+    if bound:
+        port = bound[0][1]
     if cfg.broker_ip:
         host = cfg.broker_ip
     elif host in _UNSPECIFIED or host == "localhost":
@@ -46,12 +45,19 @@ def advertised_host(broker: Broker) -> tuple[str, int]:
 
 
 class RegisterService:
+    """Registers the broker's topics with the name servers (and the embedded one, ``namesrv``) once
+    ``started`` is set; unregisters when ``server`` starts draining."""
+
     name = "register"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.config = broker.config
-        self.topics = broker.components["topic_config_manager"]
+    def __init__(self, *, config: BrokerConfig, server: Draining, topics: TopicTable,
+                 namesrv: LocalNameServer | None, address: AddressSource, started: trio.Event) -> None:
+        self.config = config
+        self.server = server
+        self.namesrv = namesrv
+        self.address = address
+        self.started = started
+        self.topics = topics
         self.topics.listeners.append(self._on_topic_change)
         self._changed = trio.Event()
         self._limiter = RateLimiter(interval_ms=30_000)
@@ -62,13 +68,13 @@ class RegisterService:
     def _on_topic_change(self, topic: str) -> None:
         # The embedded name server learns a new topic at once (in-process, no I/O), so a consumer asking for
         # the route right after a producer created the topic finds it; remote name servers after a debounce.
-        if self.broker.components.get("namesrv") is not None and self.broker.started.is_set():
+        if self.namesrv is not None and self.started.is_set():
             self._register_local()
         self._changed.set()
 
     @property
     def broker_addr(self) -> str:
-        host, port = advertised_host(self.broker)
+        host, port = self.address()
         return format_address(host, port)
 
     def _ext(self) -> dict[str, Any]:
@@ -83,7 +89,7 @@ class RegisterService:
         oc_ctx = OutboundClient(max_frame_bytes=self.config.max_frame_bytes,
                                 ssl_context=namesrv_ssl_context(self.config))
         async with oc_ctx as oc, trio.open_nursery() as nursery:
-            await self.broker.started.wait()
+            await self.started.wait()
             nursery.start_soon(self._unregister_on_drain, oc)
             interval = self.config.register_broker_interval_ms / 1000
             while True:
@@ -112,7 +118,7 @@ class RegisterService:
         """Register with the embedded name server (if any); returns the table and version sent."""
         table = self.topics.table_json()
         version = dict(self.topics.data_version)
-        ns = self.broker.components.get("namesrv")
+        ns = self.namesrv
         if ns is not None and not self.draining:
             ns.register_local(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
                               broker_name=self.config.broker_name, broker_id=0, topic_config_table=table,
@@ -131,15 +137,14 @@ class RegisterService:
             log.warning("register.refused", namesrv=addr, code=resp.code, remark=resp.remark)
 
     async def _unregister_on_drain(self, oc: OutboundClient) -> None:
-        await self.broker.server.wait_shutdown()
+        await self.server.wait_shutdown()
         await self.unregister_all(oc)
 
     async def unregister_all(self, oc: OutboundClient) -> None:
         self.draining = True
-        ns = self.broker.components.get("namesrv")
-        if ns is not None:
-            ns.routes.unregister_broker(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
-                                        broker_name=self.config.broker_name, broker_id=0)
+        if self.namesrv is not None:
+            self.namesrv.unregister_local(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
+                                          broker_name=self.config.broker_name, broker_id=0)
         with trio.move_on_after(1.0):
             async with trio.open_nursery() as nursery:
                 for addr in self.config.namesrv_addrs:
@@ -154,7 +159,7 @@ class RegisterService:
             log.info("register.unregister_failed", namesrv=addr, error=str(exc))
 
 
-def namesrv_ssl_context(config: Any) -> ssl.SSLContext | None:
+def namesrv_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
     """The TLS context for talking to name servers when ``namesrv_tls`` is on (docs/SECURITY.md)."""
     if not config.namesrv_tls:
         return None

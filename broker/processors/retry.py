@@ -33,11 +33,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 
+from trimq.broker.config import BrokerConfig
+from trimq.broker.deps import DeadLetterStore, HandlerRegistry, SubscriptionGroups, Topics
 from trimq.broker.server import RequestError
 from trimq.broker.store.atomic import read_json, write_json_atomic
 from trimq.broker.store.message_store import get_property
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
-from trimq.broker.store.subscription_groups import SubscriptionGroupConfig, SubscriptionGroupManager
+from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.logs import get_logger
@@ -53,7 +55,6 @@ from trimq.protocol.validation import (
 )
 
 if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
     from trimq.broker.server import Connection
 
 __all__ = [
@@ -188,8 +189,8 @@ def build_send_back_properties(msg: MessageExt, group: str, *, delay_level: int,
 
 # -- the %RETRY% rule of the send path ---------------------------------------------------------------
 
-async def handle_retry_and_dlq(broker: Broker, topic: str, queue_id: int, properties: PropertiesT,
-                               reconsume_times: int | None, max_reconsume: int | None
+async def handle_retry_and_dlq(groups: SubscriptionGroups, topics: Topics, topic: str, queue_id: int,
+                               properties: PropertiesT, reconsume_times: int | None, max_reconsume: int | None
                                ) -> tuple[str, int, PropertiesT]:
     """RocketMQ's ``handleRetryAndDLQ`` for a plain SEND: where the message really goes.
 
@@ -209,17 +210,16 @@ async def handle_retry_and_dlq(broker: Broker, topic: str, queue_id: int, proper
         check_group(group)
     except InvalidNameError as exc:
         raise RequestError(ResponseCode.SYSTEM_ERROR, f"retry topic {topic!r} names no valid group: {exc}") from None
-    sgm: SubscriptionGroupManager = broker.components["subscription_group_manager"]
-    cfg = sgm.find(group)
+    cfg = groups.find(group)
     if cfg is None:
         raise RequestError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
-    if sgm.dirty:
-        await sgm.persist()
+    if groups.dirty:
+        await groups.persist()
     max_times = cfg.retry_max_times if max_reconsume is None else max_reconsume
     if (reconsume_times or 0) < max_times:
         return topic, queue_id, properties
     new_topic = dlq_topic(group)
-    broker.components["topic_config_manager"].ensure_topic(new_topic, DLQ_NUMS_PER_GROUP, PERM_READ_WRITE)
+    topics.ensure_topic(new_topic, DLQ_NUMS_PER_GROUP, PERM_READ_WRITE)
     log.info("retry.dead_letter", group=group, source="send", reconsume_times=reconsume_times, max=max_times)
     if isinstance(properties, str):
         if get_property(properties, MessageConst.DELAY_TIME_LEVEL) is None:
@@ -298,17 +298,23 @@ class RetryService:
 
     name = "retry"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.resend = DlqResendTracker(broker.config.store_dir)
+    def __init__(self, *, config: BrokerConfig, registry: HandlerRegistry, store: DeadLetterStore, topics: Topics,
+                 groups: SubscriptionGroups, acl_enabled: bool) -> None:
+        """``acl_enabled``: requests are signed, so a send-back may only copy a message of the topic the caller
+        may read (step 5 of consumer_send_msg_back)."""
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.acl_enabled = acl_enabled
+        self.resend = DlqResendTracker(config.store_dir)
         self._resend_locks: dict[str, trio.Lock] = {}
         self._random = random.Random()
         self.sent_back = 0
         self.dead_letters = 0
-        broker.components["retry_service"] = self
-        broker.server.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.consumer_send_msg_back)
-        broker.server.register(RequestCode.QUERY_DLQ_MESSAGES, self.query_dlq_messages)
-        broker.server.register(RequestCode.RESEND_DLQ_MESSAGES, self.resend_dlq_messages)
+        registry.register(RequestCode.CONSUMER_SEND_MSG_BACK, self.consumer_send_msg_back)
+        registry.register(RequestCode.QUERY_DLQ_MESSAGES, self.query_dlq_messages)
+        registry.register(RequestCode.RESEND_DLQ_MESSAGES, self.resend_dlq_messages)
 
     async def start(self) -> None:
         self.resend.load()
@@ -318,18 +324,6 @@ class RetryService:
 
     async def stop(self) -> None:
         pass
-
-    @property
-    def store(self) -> Any:
-        return self.broker.components["store"]
-
-    @property
-    def topics(self) -> Any:
-        return self.broker.components["topic_config_manager"]
-
-    @property
-    def groups(self) -> SubscriptionGroupManager:
-        return self.broker.components["subscription_group_manager"]
 
     # -- CONSUMER_SEND_MSG_BACK ---------------------------------------------------------------------
     async def consumer_send_msg_back(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -352,9 +346,9 @@ class RetryService:
         if cfg is None:
             raise RequestError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
         # 2. the broker must be writable
-        if not self.broker.config.broker_permission & PERM_WRITE:
+        if not self.config.broker_permission & PERM_WRITE:
             raise RequestError(ResponseCode.NO_PERMISSION,
-                               f"the broker[{self.broker.config.broker_name}] sending message is forbidden")
+                               f"the broker[{self.config.broker_name}] sending message is forbidden")
         # 3. a group without retry queues keeps no retries
         if cfg.retry_queue_nums <= 0:
             if self.groups.dirty:
@@ -374,7 +368,7 @@ class RetryService:
         msg = self.store.lookup_message_by_offset(commit_log_offset)
         if msg is None:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {commit_log_offset}")
-        if getattr(self.broker, "acl", None) is not None and msg.topic not in (origin_topic, new_topic):
+        if self.acl_enabled and msg.topic not in (origin_topic, new_topic):
             # With ACL on, the offset must name a message the caller may read (its SUB right on originTopic
             # was checked): otherwise an account could copy any topic's message into its retry topic.
             raise RequestError(ResponseCode.NO_PERMISSION,
@@ -502,10 +496,11 @@ class RetryService:
                         if state.is_resent(queue_offset):
                             skipped += 1
                             continue
-                        msg = store.lookup_message_by_offset(phys)
-                        if msg is None:
+                        found_msg = store.lookup_message_by_offset(phys)
+                        if found_msg is None:
                             failed.append({"queueOffset": queue_offset, "error": "record not found"})
                             continue
+                        msg = found_msg
                         try:
                             resent.append(await self._resend_one(group, msg, queue_offset))
                         except RequestError as exc:

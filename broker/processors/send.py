@@ -13,10 +13,13 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
-from trimq.broker.broker import HandlerService
+from trimq.broker.config import BrokerConfig
+from trimq.broker.deps import HandlerRegistry, MessageWriter, SubscriptionGroups, Topics
+from trimq.broker.processors.retry import handle_retry_and_dlq
 from trimq.broker.server import RequestError
-from trimq.broker.store.message_store import MessageStore, PutMessageStatus, PutResult
-from trimq.broker.store.topics import TopicConfig, TopicConfigManager
+from trimq.broker.services import HandlerService
+from trimq.broker.store.message_store import PutMessageStatus, PutResult
+from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
@@ -24,7 +27,6 @@ from trimq.protocol.message import MAX_PROPERTIES_BYTES
 from trimq.protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic
 
 if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
     from trimq.broker.server import Connection
 
 __all__ = ["SendService", "int_field", "str_field"]
@@ -95,24 +97,26 @@ def born_host_of(conn: Connection) -> tuple[str, int]:
 
 
 class SendService(HandlerService):
-    """Registers the send handlers; ``broker.components["store"]`` and ``["topic_config_manager"]`` must exist."""
+    """The send handlers: messages into ``store``, topics checked (and auto-created) in ``topics``, the
+    %RETRY% rule (handle_retry_and_dlq) through the consumer ``groups``."""
 
     name = "send"
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.store: MessageStore = broker.components["store"]
-        self.topics: TopicConfigManager = broker.components["topic_config_manager"]
-        self.max_message_size = broker.config.max_message_size
+    def __init__(self, *, config: BrokerConfig, registry: HandlerRegistry, store: MessageWriter, topics: Topics,
+                 groups: SubscriptionGroups) -> None:
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.max_message_size = config.max_message_size
         self._valid_topics: set[str] = set()  # names already checked (the regex costs more than the lookup)
         #: topic -> [messages, record bytes] stored by sends, read by broker/metrics.py at scrape time.
         self.put_stats: dict[str, list[int]] = {}
         # Under ASYNC_FLUSH a send never waits (the append has no await but the rare segment creation), so it
         # runs in the connection's reading task: no task per request. A SYNC_FLUSH send waits for its fsync.
-        inline = not broker.config.sync_flush
-        broker.server.register(RequestCode.SEND_MESSAGE, self.send_message, inline=inline)
-        broker.server.register(RequestCode.SEND_MESSAGE_V2, self.send_message, inline=inline)
-        broker.server.register(RequestCode.SEND_BATCH_MESSAGE, self.send_batch_message, inline=inline)
+        inline = not config.sync_flush
+        registry.register(RequestCode.SEND_MESSAGE, self.send_message, inline=inline)
+        registry.register(RequestCode.SEND_MESSAGE_V2, self.send_message, inline=inline)
+        registry.register(RequestCode.SEND_BATCH_MESSAGE, self.send_batch_message, inline=inline)
 
     # ------------------------------------------------------------------------------------------------
     def _check(self, ext: dict[str, Any], conn: Connection, sizes: list[tuple[int, int]]) -> tuple[TopicConfig, int]:
@@ -188,11 +192,10 @@ class SendService(HandlerService):
         requested_queue_id = queue_id  # answered whatever the store does with the message (_response)
         if topic.startswith("%RETRY%"):
             # Issue 5: RocketMQ's handleRetryAndDLQ (exhausted retries go to %DLQ%group at once).
-            from trimq.broker.processors.retry import handle_retry_and_dlq
-
             max_rt = None if ext.get("maxReconsumeTimes") is None else int_field(ext, "maxReconsumeTimes", bits=32)
             topic, queue_id, props = await handle_retry_and_dlq(
-                self.broker, topic, queue_id, props, int_field(ext, "reconsumeTimes", 0, bits=32), max_rt)
+                self.groups, self.topics, topic, queue_id, props, int_field(ext, "reconsumeTimes", 0, bits=32),
+                max_rt)
         res = await self.store.put_message(
             topic, queue_id, body, props,
             flag=int_field(ext, "flag", 0, bits=32), sys_flag=int_field(ext, "sysFlag", 0, bits=32),

@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
@@ -55,9 +55,6 @@ from trimq.protocol.logs import get_logger
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.record import SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK
 from trimq.protocol.validation import SCHEDULE_TOPIC
-
-if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
 
 __all__ = [
     "DELAY_FOR_A_PERIOD_S",
@@ -252,34 +249,35 @@ def wall_clock_ms() -> int:
 
 # -- the service ---------------------------------------------------------------------------------------
 
+class _Topics(Protocol):
+    """Where SCHEDULE_TOPIC_XXXX is created at start (broker/store/topics.py TopicConfigManager)."""
+
+    def get(self, topic: str) -> Any: ...
+
+    def ensure_topic(self, topic: str, queue_nums: int, perm: int = ...) -> Any: ...
+
+
 class ScheduleMessageService:
-    """Delivers delayed messages when due; a broker service and the component ``schedule_message_service``.
+    """Delivers delayed messages when due (a broker service).
 
     ``redirect`` is the put path's hook for delayed messages; ``notify_arrival`` wakes the level whose
-    queue just got an entry (the store calls it after appending to ``SCHEDULE_TOPIC_XXXX``).
+    queue just got an entry (the store calls it after appending to ``SCHEDULE_TOPIC_XXXX``). ``store`` is
+    the message store (broker/store/message_store.py), attached at once; ``topics``, when given, gets
+    SCHEDULE_TOPIC_XXXX at start.
     """
 
     name = "schedule_message_service"
 
-    def __init__(self, broker: Broker | None = None, *, store: Any = None, store_dir: str | None = None,
-                 delay_levels: str | DelayLevelTable | None = None, flush_interval_ms: int | None = None,
+    def __init__(self, *, store: Any, store_dir: str, topics: _Topics | None = None,
+                 delay_levels: str | DelayLevelTable | None = None, flush_interval_ms: int = 10_000,
                  now_ms: Callable[[], int] = wall_clock_ms) -> None:
-        self.broker = broker
-        if broker is not None:
-            store_dir = broker.config.store_dir
-            if delay_levels is None:
-                delay_levels = getattr(broker.config, "message_delay_level", DEFAULT)
-            if flush_interval_ms is None:
-                flush_interval_ms = getattr(broker.config, "flush_delay_offset_interval_ms", 10_000)
-            broker.components[self.name] = self
-        if store_dir is None:
-            raise ValueError("ScheduleMessageService needs a broker or a store_dir")
+        self.topics = topics
         if isinstance(delay_levels, DelayLevelTable):
             self.table = delay_levels
         else:
             self.table = DelayLevelTable.parse(delay_levels or DEFAULT)
         self.path = os.path.join(store_dir, "config", FILE_NAME)
-        self.flush_interval_s = (flush_interval_ms or 10_000) / 1000
+        self.flush_interval_s = flush_interval_ms / 1000
         self.now_ms = now_ms
         self._store = store
         #: level -> next schedule-queue offset to deliver
@@ -296,10 +294,7 @@ class ScheduleMessageService:
         self.delivered = 0
         self.skipped_duplicates = 0
         self.dropped = 0
-        if store is None and broker is not None:
-            self._store = broker.components.get("store")
-        if self._store is not None:
-            self.attach(self._store)
+        self.attach(store)
 
     def attach(self, store: Any) -> None:
         """Wire the store's extension points: the put hook (redirect), the SCHEDULE_TOPIC_XXXX tags-code rule
@@ -313,10 +308,6 @@ class ScheduleMessageService:
 
     @property
     def store(self) -> Any:
-        if self._store is None:
-            if self.broker is None:
-                raise RuntimeError("no store")
-            self._store = self.broker.components["store"]
         return self._store
 
     @property
@@ -382,7 +373,7 @@ class ScheduleMessageService:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self.load()
-        topics = self.broker.components.get("topic_config_manager") if self.broker is not None else None
+        topics = self.topics
         if topics is not None and topics.get(SCHEDULE_TOPIC) is None:
             # Like RocketMQ's TopicConfigManager: the system topic has one queue per level.
             topics.ensure_topic(SCHEDULE_TOPIC, self.table.max_level, 6)

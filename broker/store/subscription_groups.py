@@ -20,19 +20,13 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
-from trimq.protocol.codes import RequestCode, ResponseCode
-from trimq.protocol.command import RemotingCommand
 from trimq.protocol.logs import get_logger
 from trimq.protocol.validation import InvalidNameError, check_group
-
-if TYPE_CHECKING:
-    from trimq.broker.broker import Broker
-    from trimq.broker.server import Connection
 
 __all__ = ["FILE_NAME", "SubscriptionGroupConfig", "SubscriptionGroupManager"]
 
@@ -125,31 +119,21 @@ class SubscriptionGroupConfig:
 
 
 class SubscriptionGroupManager:
-    """The broker's subscription-group table, a broker service and the component ``subscription_group_manager``.
+    """The broker's subscription-group table (a broker service: loaded at start, persisted at stop).
 
-    Answers UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (200) and GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201).
+    Its admin requests (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, GET_ALL_SUBSCRIPTIONGROUP_CONFIG) are answered by
+    broker/processors/subscription_group.py.
     """
 
     name = "subscription_group_manager"
 
-    def __init__(self, broker: Broker | None = None, *, store_dir: str | None = None,
-                 auto_create: bool | None = None) -> None:
-        if broker is not None:
-            store_dir = broker.config.store_dir
-            if auto_create is None:
-                auto_create = bool(getattr(broker.config, "auto_create_subscription_group", True))
-        if store_dir is None:
-            raise ValueError("SubscriptionGroupManager needs a broker or a store_dir")
+    def __init__(self, *, store_dir: str, auto_create: bool = True) -> None:
         self.path = os.path.join(store_dir, "config", FILE_NAME)
-        self.auto_create = True if auto_create is None else auto_create
+        self.auto_create = auto_create
         self.table: dict[str, SubscriptionGroupConfig] = {}
         self.data_version = {"counter": 0, "timestamp": int(time.time() * 1000)}
         self._dirty = False
         self._write_lock = trio.Lock()
-        if broker is not None:
-            broker.components[self.name] = self
-            broker.server.register(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, self._update_and_create)
-            broker.server.register(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, self._get_all)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -239,19 +223,3 @@ class SubscriptionGroupManager:
     def _bump(self) -> None:
         self.data_version = {"counter": self.data_version["counter"] + 1, "timestamp": int(time.time() * 1000)}
         self._dirty = True
-
-    # -- request handlers ------------------------------------------------------------------------
-    async def _update_and_create(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        from trimq.broker.server import RequestError
-
-        body = cmd.body if cmd.body is not None else cmd.ext
-        try:
-            cfg = SubscriptionGroupConfig.from_wire(body)
-        except (ValueError, TypeError) as exc:
-            raise RequestError(ResponseCode.SYSTEM_ERROR, f"bad subscription group config: {exc}") from None
-        self.update_and_create(cfg)
-        await self.persist()
-        return RemotingCommand.response_to(cmd)
-
-    async def _get_all(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        return RemotingCommand.response_to(cmd, body=self.encode())

@@ -99,7 +99,7 @@ async def test_refused_offset_update_changes_nothing(tmp_path: Path) -> None:
         assert refused.remark == "AccessKey=app-key-1 has no SUB permission on group 'others' (it has DENY)"
         resp = await call(app, broker, RequestCode.QUERY_CONSUMER_OFFSET, where)
         assert resp.ok and resp.ext["offset"] == 5
-        assert broker.components["offset_manager"].query_offset("others", "orders", 0) == -1
+        assert broker.offset_manager.query_offset("others", "orders", 0) == -1
 
 
 async def test_heartbeat_and_locks_need_group_and_topic_rights(tmp_path: Path) -> None:
@@ -141,9 +141,9 @@ async def test_admin_codes_need_an_admin_account(tmp_path: Path) -> None:
 
 async def test_send_and_pull_rights(tmp_path: Path) -> None:
     async with acl_broker(tmp_path) as broker, RemotingClient(credentials=APP) as app:
-        if "store" not in broker.components or RequestCode.PULL_MESSAGE not in broker.server.handlers:
+        if RequestCode.PULL_MESSAGE not in broker.server.handlers:
             pytest.skip("the storage service (SEND/PULL) is not part of the broker yet")
-        store = broker.components["store"]
+        store = broker.store
 
         def send_ext(topic: str) -> dict[str, Any]:
             return {"producerGroup": "p", "topic": topic, "queueId": 0, "sysFlag": 0,

@@ -203,7 +203,7 @@ async def test_broker_survives_fuzzed_frames(tmp_path: Path) -> None:
                           shutdown_grace_ms=1000)
     async with open_broker(config) as broker, RemotingClient() as rc:
         crashes, known = record_handler_crashes(broker)
-        has_store = "store" in broker.components and RequestCode.PULL_MESSAGE in broker.server.handlers
+        has_store = RequestCode.PULL_MESSAGE in broker.server.handlers
         before: list[tuple[int, str, bytes]] = []
         if has_store:
             for n in range(INTACT_MESSAGES):

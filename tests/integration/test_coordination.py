@@ -163,7 +163,7 @@ async def test_heartbeat_registers_and_client_that_stops_heartbeating_is_expired
         assert chatty.notifications  # the survivor was told
         table = (await ok(chatty.rc, addr, RequestCode.GET_LOCK_TABLE, {"consumerGroup": G})).body["lockTable"]
         assert table == []  # its long-lapsed lock entry was tidied away with it
-        assert broker.components["consumer_manager"].stats["expired"] == 1
+        assert broker.consumer_manager.stats["expired"] == 1
 
 
 async def test_closing_a_connection_removes_the_member_at_once(tmp_path: Path) -> None:
@@ -174,7 +174,7 @@ async def test_closing_a_connection_removes_the_member_at_once(tmp_path: Path) -
         assert await lock(leaver.rc, addr, "leaver", [mq(0)]) == {mq(0)}
         await wait_until(lambda: len(stayer.notifications) >= 1)
         assert await consumer_ids(stayer.rc, addr) == ["leaver", "stayer"]
-        cm = broker.components["consumer_manager"]
+        cm = broker.consumer_manager
         assert cm.find_channel(G, "leaver") is not None
         stayer.notified = trio.Event()
         leaver.rc.close_address(addr)
@@ -282,7 +282,7 @@ async def test_heartbeat_of_a_clustering_group_creates_its_retry_topic_when_topi
         tmp_path: Path) -> None:
     async with running_broker(tmp_path) as broker, Member("a") as a:
         await a.heartbeat(broker.address)
-        tcm = broker.components.get("topic_config_manager")
+        tcm = broker.topic_config_manager
         if tcm is None:
             pytest.skip("no topic config manager on this broker yet")
         tc = tcm.get("%RETRY%" + G)
@@ -378,7 +378,7 @@ async def test_offsets_deterministic_start_and_clean_restart(tmp_path: Path) -> 
             assert (await update_offset(rc, addr, qid, off, "c1")).ok
         await rc.invoke_oneway(addr, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
             "consumerGroup": "g2", "topic": "%RETRY%g2", "queueId": 0, "commitOffset": 9}))
-        await wait_until(lambda: broker.components["offset_manager"].query_offset("g2", "%RETRY%g2", 0) == 9)
+        await wait_until(lambda: broker.offset_manager.query_offset("g2", "%RETRY%g2", 0) == 9)
         assert await query_offset(rc, addr, 0) == 17
     # clean stop persisted everything; a new broker on the same store answers the same
     saved = json.loads((tmp_path / "config" / "consumerOffset.json").read_text())
@@ -393,7 +393,7 @@ async def test_offsets_deterministic_start_and_clean_restart(tmp_path: Path) -> 
 async def test_offsets_are_persisted_periodically(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     path = tmp_path / "config" / "consumerOffset.json"
     async with running_broker(tmp_path) as broker, RemotingClient() as rc:
-        service: Any = next(s for s in broker.services if s.name == "coordination")
+        service: Any = broker.coordination_service
         assert (await update_offset(rc, broker.address, 0, 3, "c1")).ok
         await trio.sleep(4.9)  # flush_consumer_offset_interval_ms = 5000
         assert not path.exists()
@@ -421,7 +421,7 @@ async def test_fenced_update_is_refused_and_counted_and_the_owners_is_applied(tm
         # oneway updates are fenced too (no answer, nothing applied)
         await paused.rc.invoke_oneway(addr, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
             "consumerGroup": G, "topic": T, "queueId": 0, "commitOffset": 1, "clientId": "paused"}))
-        om = broker.components["offset_manager"]
+        om = broker.offset_manager
         await wait_until(lambda: om.fenced_updates[G] == 3)
         assert await query_offset(paused.rc, addr, 0) == 10
 
@@ -522,7 +522,7 @@ async def test_admin_connection_list_consume_stats_and_subscription_consistency(
         assert rows[0]["consumerOffset"] == 2 and rows[1]["consumerOffset"] == 4
         assert rows[1]["lockOwner"] == "a" and rows[0]["lockOwner"] is None
         assert rows[1]["lastUpdateTimestamp"] > 0
-        store = broker.components.get("store")
+        store = broker.store
         for qid, row in rows.items():
             if store is None:
                 assert (row["brokerOffset"], row["lag"]) == (-1, -1)

@@ -111,7 +111,7 @@ async def test_held_pulls_of_a_closed_connection_are_dropped(broker_factory: Cal
         assert (await rc.invoke(b.address, RemotingCommand.request(RequestCode.SEND_MESSAGE, ext, b"m0"))).ok
         pull = {"consumerGroup": "g", "topic": "Held", "queueId": 0, "queueOffset": 1, "maxMsgNums": 32,
                 "sysFlag": 0x2, "suspendTimeoutMillis": 15_000, "subscription": "*"}
-        lp = b.component("long_polling")
+        lp = b.long_polling
         async with RemotingClient() as rc2, trio.open_nursery() as nursery:
             async def pull_on_rc2() -> None:
                 await rc2.invoke(b.address, RemotingCommand.request(RequestCode.PULL_MESSAGE, pull), 30)
@@ -147,7 +147,7 @@ async def test_pulls_past_the_connection_bound_take_the_task_path(broker_factory
         assert (await rc.invoke(b.address, RemotingCommand.request(RequestCode.SEND_MESSAGE, ext, b"m0"))).ok
         pull = {"consumerGroup": "g", "topic": "Bound", "queueId": 0, "queueOffset": 1, "maxMsgNums": 32,
                 "sysFlag": 0x2, "suspendTimeoutMillis": 15_000, "subscription": "*"}
-        lp = b.component("long_polling")
+        lp = b.long_polling
         answers: list[RemotingCommand] = []
         async with trio.open_nursery() as nursery:
             async def one() -> None:

@@ -60,7 +60,7 @@ async def test_held_pull_is_answered_as_soon_as_a_message_arrives(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(puller)
             await trio.sleep(3)  # the pull is held meanwhile
-            assert b.component("long_polling").held == 1
+            assert b.long_polling.held == 1
             await send(rclient, b.address, "LP", b"news")
         resp = result["resp"]
         assert resp.code == ResponseCode.SUCCESS
@@ -144,7 +144,7 @@ async def test_shutdown_answers_held_pulls_at_once(broker_factory: Callable[...,
             for _ in range(5):
                 nursery.start_soon(puller)
             await trio.sleep(2)
-            assert b.component("long_polling").held == 5
+            assert b.long_polling.held == 5
             stop_at = trio.current_time()
             b.shutdown()
     assert [code for code, _ in answers] == [ResponseCode.PULL_NOT_FOUND] * 5

@@ -183,7 +183,7 @@ async def test_metrics_off_by_default(broker_factory: Callable[..., Any]) -> Non
     async with broker_factory(**QUIET) as b:
         assert b.metrics is None
         assert b.server.observe is None
-        assert b.component("store").on_append is None
+        assert b.store.on_append is None
 
 
 async def test_a_failing_part_does_not_break_the_scrape(
@@ -194,12 +194,13 @@ async def test_a_failing_part_does_not_break_the_scrape(
             def encode(self) -> dict[str, Any]:
                 raise RuntimeError("boom")
 
-        real = b.components["offset_manager"]
-        b.components["offset_manager"] = Broken()
+        collector = b.metrics.collector
+        real = collector.offsets
+        collector.offsets = Broken()  # type: ignore[assignment]
         try:
             _, s = await scrape(b.metrics.address)
         finally:
-            b.components["offset_manager"] = real
+            collector.offsets = real
         assert value(s, "trimq_storage_writable") == 1  # the other parts are still there
         assert value(s, "trimq_connections") is not None
 
@@ -209,7 +210,7 @@ async def test_name_server_metrics(broker_factory: Callable[..., Any], rclient: 
     async with open_namesrv(config=cfg) as ns:
         assert ns.metrics is not None and ns.metrics.address is not None
         async with broker_factory(namesrv_addr=ns.address, broker_name="broker-x", cluster_name="C1", **QUIET) as b:
-            register = next(s for s in b.services if s.name == "register")
+            register = b.register_service
             with trio.fail_after(10):
                 await register.registered.wait()
             text, s = await scrape(ns.metrics.address)
@@ -225,7 +226,7 @@ async def test_name_server_metrics(broker_factory: Callable[..., Any], rclient: 
 
 async def test_embedded_name_server_metrics_come_with_the_broker(broker_factory: Callable[..., Any]) -> None:
     async with broker_factory(metrics_port=free_port(), embedded_namesrv=True, **QUIET) as b:
-        register = next(s for s in b.services if s.name == "register")
+        register = b.register_service
         with trio.fail_after(10):
             await register.registered.wait()
         _, s = await scrape(b.metrics.address)

@@ -78,7 +78,7 @@ async def wait_until(pred: Callable[[], Any], timeout: float = 10) -> None:
 
 
 def stored_messages(broker: Broker, topic: str, queue_id: int = 0) -> list[MessageExt]:
-    store = broker.component("store")
+    store = broker.store
     out = []
     for off in range(store.get_min_offset_in_queue(topic, queue_id), store.get_max_offset_in_queue(topic, queue_id)):
         unit = store.find_consume_queue(topic, queue_id).get_unit(off)
@@ -136,7 +136,7 @@ async def test_orderly_dead_letters_match_rocketmq_on_both_paths(broker_factory:
             expected = {**original.properties, MessageConst.RETRY_TOPIC: T,
                         MessageConst.ORIGIN_MESSAGE_ID: sent.msg_id}  # the unique key, not the offset id
             assert dead.properties == expected, group
-            assert broker.component("topic_config_manager").get(retry_topic(group)) is None or not \
+            assert broker.topic_config_manager.get(retry_topic(group)) is None or not \
                 stored_messages(broker, retry_topic(group))  # straight to the DLQ, no retry copy
             copies[group] = (dead.reconsume_times, dead.properties)
         # identical whichever path stored them

@@ -87,7 +87,7 @@ class Env:
 
     async def to_client(self, group: str, consumer: PushConsumer, code: int, ext: dict[str, Any]) -> RemotingCommand:
         """A broker -> client request over the consumer's own connection (what the admin path will do)."""
-        conn = self.broker.components["consumer_manager"].find_channel(group, consumer.client_id)
+        conn = self.broker.consumer_manager.find_channel(group, consumer.client_id)
         assert conn is not None
         return await conn.request(RemotingCommand.request(code, ext), 5)
 

@@ -93,7 +93,7 @@ async def pull_until(rc: RemotingClient, addr: str, topic: str, queue_id: int, c
 
 def queue_messages(broker: Broker, topic: str, queue_id: int) -> list[MessageExt]:
     """Everything the store holds in one queue (read straight from the store)."""
-    store = broker.component("store")
+    store = broker.store
     out = []
     for off in range(store.get_min_offset_in_queue(topic, queue_id), store.get_max_offset_in_queue(topic, queue_id)):
         cq = store.find_consume_queue(topic, queue_id)
@@ -149,7 +149,7 @@ async def test_sent_back_message_is_redelivered_n_times_then_dead_lettered_at_on
         assert MessageConst.DELAY_TIME_LEVEL not in dead.properties
         assert len(queue_messages(broker, SCHEDULE_TOPIC, 2)) == 3
         assert len(queue_messages(broker, RETRY, 0)) == 3
-        topics = broker.component("topic_config_manager")
+        topics = broker.topic_config_manager
         assert topics.get(RETRY).write_queue_nums == 1 and topics.get(DLQ).write_queue_nums == 1
 
         # --- the DLQ admin requests
@@ -217,7 +217,7 @@ async def test_documented_codes(tmp_path: Path) -> None:
         assert resp.ok, resp.remark
         [dead] = queue_messages(broker, DLQ, 0)
         assert dead.reconsume_times == 1 and dead.properties[MessageConst.ORIGIN_MESSAGE_ID] == msg.msg_id
-        assert broker.component("store").get_max_offset_in_queue(SCHEDULE_TOPIC, 2) == 1  # only fresh_group's
+        assert broker.store.get_max_offset_in_queue(SCHEDULE_TOPIC, 2) == 1  # only fresh_group's
 
         # The header's maxReconsumeTimes overrides the group's: 0 means the first failure is a dead letter.
         resp = await send_back(rc, addr, msg, maxReconsumeTimes=0)
@@ -228,8 +228,8 @@ async def test_documented_codes(tmp_path: Path) -> None:
                           body={"groupName": "no_retry", "retryQueueNums": 0})
         assert resp.ok
         assert (await send_back(rc, addr, msg, group="no_retry")).ok
-        assert broker.component("topic_config_manager").get("%RETRY%no_retry") is None
-        assert broker.component("topic_config_manager").get("%DLQ%no_retry") is None
+        assert broker.topic_config_manager.get("%RETRY%no_retry") is None
+        assert broker.topic_config_manager.get("%DLQ%no_retry") is None
 
         # Bad headers and bad configs name the field.
         resp = await call(rc, addr, RequestCode.CONSUMER_SEND_MSG_BACK, {"offset": msg.commit_log_offset})
@@ -301,13 +301,13 @@ async def test_producer_delayed_messages_arrive_after_their_delay(tmp_path: Path
             # level - 1 where the record is parked; the offset is the parked record's, as RocketMQ answers it.
             assert resp.ext["queueId"] == 1
             _host, parked_at = parse_message_id(resp.ext["msgId"])
-            parked_now = broker.component("store").lookup_message_by_offset(parked_at)
+            parked_now = broker.store.lookup_message_by_offset(parked_at)
             assert parked_now is not None
             assert parked_now.topic == SCHEDULE_TOPIC and parked_now.queue_id == min(level, 3) - 1
             assert resp.ext["queueOffset"] == parked_now.queue_offset
             assert parked_now.properties[MessageConst.REAL_TOPIC] == T
             assert parked_now.properties[MessageConst.REAL_QUEUE_ID] == "1"
-        store = broker.component("store")
+        store = broker.store
         got = await pull_until(rc, addr, T, 1, 3)
         assert sorted(m.body for m in got) == [b"L1", b"L2", b"L9"]
         for m in got:
@@ -332,8 +332,8 @@ async def test_graceful_restart_keeps_waiting_messages_and_progress(tmp_path: Pa
     async with running_broker(store_dir, message_delay_level="100ms 200ms") as broker, RemotingClient() as rc:
         got = await pull_until(rc, broker.address, T, 0, 2)
         assert [m.body for m in got] == [b"soon", b"later"]
-        assert broker.component("store").get_max_offset_in_queue(T, 0) == 2
-        assert broker.component("schedule_message_service").skipped_duplicates == 0
+        assert broker.store.get_max_offset_in_queue(T, 0) == 2
+        assert broker.schedule_message_service.skipped_duplicates == 0
 
 
 async def test_progress_is_persisted_only_past_copies_the_store_has_fsynced(tmp_path: Path) -> None:
@@ -341,10 +341,10 @@ async def test_progress_is_persisted_only_past_copies_the_store_has_fsynced(tmp_
     async with running_broker(tmp_path / "store", flush_interval_ms=60_000) as broker, RemotingClient() as rc:
         assert (await send(rc, broker.address, T, b"m", {"DELAY": "1"})).ok
         await pull_until(rc, broker.address, T, 0, 1)
-        svc = broker.component("schedule_message_service")
+        svc = broker.schedule_message_service
         assert svc.offsets[1] == 1
         assert svc.durable_offsets()[1] == 0  # a power cut now would lose the copy: progress must not say 1
-        await broker.component("store").flush()
+        await broker.store.flush()
         assert svc.durable_offsets()[1] == 1
         with trio.fail_after(5):
             while svc.persisted_offsets.get(1) != 1:  # the persister catches up after the fsync

@@ -36,7 +36,7 @@ async def send(rc: RemotingClient, addr: str, topic: str, qid: int, body: bytes,
 
 
 async def store_state(b: Broker) -> tuple[int, dict[str, list[int]]]:
-    st = b.component("store")
+    st = b.store
     return st.commitlog.max_offset, {t: [cq.max_offset for cq in qs.values()] for t, qs in st.queues.items()}
 
 
@@ -144,7 +144,7 @@ async def test_bad_sends_get_the_right_code_and_change_nothing(broker_factory: C
         a = b.address
         await send(rclient, a, "Good", 0, b"first")
         before = await store_state(b)
-        topics_before = set(b.component("topic_config_manager").all())
+        topics_before = set(b.topic_config_manager.all())
         cases = [
             (send_ext("Good", 0), b"x" * 9000, ResponseCode.MESSAGE_ILLEGAL, "maximum"),
             (send_ext("NewTopic", 0), b"x" * 9000, ResponseCode.MESSAGE_ILLEGAL, "maximum"),
@@ -167,7 +167,7 @@ async def test_bad_sends_get_the_right_code_and_change_nothing(broker_factory: C
             r = await call(rclient, a, RC.SEND_MESSAGE, ext, body)
             assert r.code == code and remark in (r.remark or ""), (ext.get("topic"), r.code, r.remark)
         assert await store_state(b) == before
-        assert set(b.component("topic_config_manager").all()) == topics_before
+        assert set(b.topic_config_manager.all()) == topics_before
         # The connection survived all of it.
         r = await send(rclient, a, "Good", 0, b"second")
         assert r.code == ResponseCode.SUCCESS and r.ext["queueOffset"] == 1
@@ -220,7 +220,7 @@ async def test_topic_admin_and_offset_queries(broker_factory: Callable[..., Any]
         assert r.code == ResponseCode.SYSTEM_ERROR and "queueId" in (r.remark or "")
     # Topics and messages survive a restart.
     async with broker_factory(store_dir=str(store)) as b:
-        cfg = b.component("topic_config_manager").get("Admin")
+        cfg = b.topic_config_manager.get("Admin")
         assert (cfg.read_queue_nums, cfg.write_queue_nums) == (2, 2)
         assert (await call(rclient, b.address, RC.GET_MAX_OFFSET, {"topic": "Admin", "queueId": 1})).ext["offset"] == 3
 
@@ -228,7 +228,7 @@ async def test_topic_admin_and_offset_queries(broker_factory: Callable[..., Any]
 async def test_pull_commits_the_offset_through_the_offset_manager(broker_factory: Callable[..., Any],
                                                                   rclient: RemotingClient) -> None:
     async with broker_factory() as b:
-        om = b.components.get("offset_manager")
+        om = b.offset_manager
         await send(rclient, b.address, "Commit", 0, b"x")
         r = await call(rclient, b.address, RC.PULL_MESSAGE,
                        pull_ext("Commit", 0, 1, sysFlag=0x1, commitOffset=1))
@@ -245,7 +245,7 @@ async def test_topics_lost_in_a_crash_window_are_recreated_from_the_store(
         assert r.code == ResponseCode.SUCCESS
     (store / "config" / "topics.json").unlink()
     async with broker_factory(store_dir=str(store), default_topic_queue_nums=2) as b:
-        cfg = b.component("topic_config_manager").get("Window")
+        cfg = b.topic_config_manager.get("Window")
         assert cfg is not None and cfg.read_queue_nums == 2
         r = await call(rclient, b.address, RC.PULL_MESSAGE, pull_ext("Window", 1, 0))
         assert [m.body for m in iter_records(r.body)] == [b"x"]

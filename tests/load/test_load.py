@@ -110,7 +110,7 @@ async def test_a_thousand_connections_held_open_while_traffic_flows(tmp_path: Pa
     n_conns, n_msgs, queues, topic = 1000, 2000, 8, "LoadConns"
     ensure_fds(2 * n_conns + 200)  # both ends live in this process
     async with open_broker(config(tmp_path)) as broker:
-        broker.component("topic_config_manager").ensure_topic(topic, queues)
+        broker.topic_config_manager.ensure_topic(topic, queues)
         addr = broker.address
         conns: list[RawConn] = []
         limiter = trio.CapacityLimiter(64)  # the listen backlog is finite: connect a few at a time
@@ -198,8 +198,8 @@ async def test_hundreds_of_held_long_polls_answered_on_arrival(tmp_path: Path) -
     n, topic = 300, "LoadHeld"
     ensure_fds(2 * n + 200)
     async with open_broker(config(tmp_path)) as broker:
-        broker.component("topic_config_manager").ensure_topic(topic, n)
-        long_polling = broker.component("long_polling")
+        broker.topic_config_manager.ensure_topic(topic, n)
+        long_polling = broker.long_polling
         addr = broker.address
         with trio.fail_after(60):
             conns = []

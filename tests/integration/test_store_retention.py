@@ -6,6 +6,7 @@ refuses sends with SERVICE_NOT_AVAILABLE and the broker keeps serving."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,18 @@ SEG = 4096
 CQ_FILE = 20 * 16
 SETTINGS = {"mapped_file_size_commit_log": SEG, "mapped_file_size_consume_queue": CQ_FILE,
             "delete_commit_log_files_interval_ms": 0, "delete_consume_queue_files_interval_ms": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def samples(broker: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The broker's metrics as the registry would serve them: (name, sorted labels) -> value."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in broker.metrics.registry.collect() for s in family.samples}
 
 
 @pytest.fixture
@@ -50,7 +63,7 @@ def pull_ext(topic: str, queue_id: int, offset: int) -> dict[str, Any]:
 async def test_cleaning_moves_consumers_to_the_new_min_offset_and_a_full_disk_refuses_sends(
         broker_factory: Callable[..., Any], rclient: RemotingClient, clock: trio.testing.MockClock) -> None:
     disk = [0.5]
-    async with broker_factory(**SETTINGS) as broker:
+    async with broker_factory(metrics_port=free_port(), **SETTINGS) as broker:
         store = broker.store
         store.disk_usage = lambda _path: disk[0]
         store.now_ms = lambda: time.time_ns() // 1_000_000
@@ -78,11 +91,17 @@ async def test_cleaning_moves_consumers_to_the_new_min_offset_and_a_full_disk_re
         await advance(clock, 10)  # the disk check runs every 10 s
         r = await call(rclient, a, RC.SEND_MESSAGE, send_ext("Ret", 0), b"refused")
         assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and "disk is full" in (r.remark or "")
+        m = samples(broker)
+        assert m[("trimq_storage_disk_full", ())] == 1 and m[("trimq_storage_writable", ())] == 0
+        assert m[("trimq_storage_disk_used_ratio", (("path", "commitlog"),))] == 0.95
         r = await call(rclient, a, RC.PULL_MESSAGE, pull_ext("Ret", 0, min_offset))  # still serving
         assert r.code == ResponseCode.SUCCESS
         disk[0] = 0.5
         await advance(clock, 10)
         r = await call(rclient, a, RC.SEND_MESSAGE, send_ext("Ret", 0), b"accepted")
         assert r.code == ResponseCode.SUCCESS and r.ext["queueOffset"] == 30
-        assert store.deleted_files["commitlog"] == 9 and store.deleted_files["consumequeue"] == 1
+        m = samples(broker)
+        assert m[("trimq_storage_deleted_files_total", (("kind", "commitlog"),))] == 9
+        assert m[("trimq_storage_deleted_files_total", (("kind", "consumequeue"),))] == 1
+        assert m[("trimq_storage_disk_full", ())] == 0 and m[("trimq_storage_writable", ())] == 1
         clock.autojump_threshold = 0  # the shutdown's drain timers may run now

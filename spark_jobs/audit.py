@@ -72,7 +72,7 @@ class AuditOptions:
     example_limit: int = 20
     top_keys: int = 10
     fail_on_dlq: bool = False
-    write_records: bool = True
+    write_records: bool = False
     now_ms: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -225,12 +225,13 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
 
     register(spark)
     spark.sparkContext.setJobGroup("trimq-audit", f"audit of {store}")
+    # The audit's projection of the commit log: no property map, the properties it needs as columns, and
+    # the reader's in-split steps and unit hashes (spark_jobs.checks.AUDIT_COLUMNS).
     parsed = (
         spark.read.format(FORMAT_NAME)
         .option("splitSize", str(opts.split_size))
-        .option("includeBody", "false")
+        .option("columns", ",".join(checks.AUDIT_COLUMNS))
         .load(str(store))
-        .drop("body")
     )
     limit = opts.example_limit
     outputs: dict[str, str] = {}
@@ -240,100 +241,144 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
         if opts.extra.get("progress"):
             print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
+    def keep(df: DataFrame) -> DataFrame:
+        cached.append(df.persist(StorageLevel.MEMORY_AND_DISK))
+        return cached[-1]
+
     try:
-        # 1. Parse the segments once. Without --since, the records table is the whole store: write it
-        # and let every check read it back (columnar, no cache). Otherwise keep the parse in Spark's
-        # cache (memory, then spark.local.dir) and write only the window.
+        # 1. Parse the segments once, into Spark's cache (memory, then spark.local.dir); every check reads
+        # the cache. The first aggregate (queue runs) fills it.
         progress("reading the commit log")
-        if opts.write_records and opts.since_ms is None:
-            parsed.write.mode("overwrite").parquet(str(out / "records"))
-            outputs["records"] = str(out / "records")
-            all_records = records = spark.read.parquet(str(out / "records"))
+        all_records = keep(parsed)
+        if opts.since_ms is not None:
+            in_window = F.col("malformed") | (F.col("store_timestamp") >= F.lit(opts.since_ms))
+            records = all_records.where(in_window)
         else:
-            all_records = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(all_records)
-            if opts.since_ms is not None:
-                in_window = F.col("malformed") | (F.col("store_timestamp") >= F.lit(opts.since_ms))
-                records = all_records.where(in_window)
-            else:
-                records = all_records
-            if opts.write_records:
-                records.write.mode("overwrite").parquet(str(out / "records"))
-                outputs["records"] = str(out / "records")
+            in_window = F.lit(True)
+            records = all_records
+        run_rows = _rows(checks.queue_runs(all_records, in_window))
+        queues = checks.certify_queues(run_rows)
         window_min_offset = None
         if opts.since_ms is not None:
-            window_min_offset = records.where(~F.col("malformed")).agg(F.min("physical_offset")).collect()[0][0]
-        progress("records read")
+            window_min_offset = min((r["first_offset"] for r in run_rows if r["first_offset"] is not None),
+                                    default=None)
+        store_first_ts = min((r["first_store_timestamp"] for r in run_rows
+                              if r["first_store_timestamp"] is not None), default=None)
+        progress(f"records read; {sum(1 for q in queues.values() if not q['clean'])} queue(s) to check in full")
+        if opts.write_records:
+            records.drop(*checks.INTERNAL_COLUMNS).write.mode("overwrite").parquet(str(out / "records"))
+            outputs["records"] = str(out / "records")
+            progress("records written")
 
         # 2. Findings of every check, in one table.
         progress("running the checks")
-        parts = [
-            checks.integrity(records),
-            checks.offsets(records),
-            checks.key_queues(records),
-            checks.born_order(records),
-            checks.dead_letters(records),
-        ]
+        parts = [checks.integrity(records), checks.dead_letters(records)]
+        susp_q = [k for k, q in queues.items() if not q["clean"]]
+        if susp_q:
+            qdf = F.broadcast(spark.createDataFrame(susp_q, "topic string, queue_id int"))
+            parts.append(checks.offsets(records.join(qdf, ["topic", "queue_id"])))
+        kruns = keep(checks.key_runs(all_records, in_window))
+        parts.append(checks.key_queues_from_runs(kruns))
+        susp_k = keep(checks.suspicious_keys(kruns))
+        n_keys = susp_k.count()
+        if n_keys:
+            kdf = F.broadcast(susp_k) if n_keys <= _BROADCAST_ROWS else susp_k
+            keyed = records.withColumn("key", checks.key_column(records)).join(kdf, ["topic", "key"])
+            parts.append(checks.born_order(keyed.drop("key")))
+        progress(f"{n_keys} key(s) to check in full")
+        cq_ends: dict[tuple[str, int], int] = {}
         if has_cq:
-            units = spark.read.format(CQ_FORMAT_NAME).load(str(store)).persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(units)
-            parts.append(
-                checks.consume_queue(
-                    records, all_records, units, commitlog_min_offset=first_base,
-                    window_min_offset=window_min_offset,
-                )
+            floor = max(first_base, window_min_offset or 0)
+            summary_rows = _rows(
+                spark.read.format(CQ_FORMAT_NAME).option("summary", "true")
+                .option("minCommitlogOffset", str(floor)).load(str(store))
             )
+            cq_q: dict[tuple[str, int], list[int]] = {}
+            for r in summary_rows:
+                acc = cq_q.setdefault((r["topic"], r["queue_id"]), [0, 0, 0, 0, -1])
+                acc[0] += r["checked_units"]
+                acc[1] += r["h1"]
+                acc[2] += r["h2"]
+                acc[3] += r["units"]
+                if r["max_cq_offset"] is not None:
+                    acc[4] = max(acc[4], r["max_cq_offset"])
+            cq_ends = {k: v[4] + 1 for k, v in cq_q.items() if v[4] >= 0}
+            zero = {"n": 0, "h1": 0, "h2": 0}
+            differ = sorted(
+                k for k in set(cq_q) | set(queues)
+                if tuple(cq_q.get(k, [0, 0, 0])[:3]) != tuple(queues.get(k, zero)[f] for f in ("n", "h1", "h2"))
+            )
+            progress(f"consume queues summarised; {len(differ)} queue(s) to compare unit by unit")
+            if differ:
+                n_units = sum(cq_q.get(k, [0, 0, 0, 0])[3] for k in differ)
+                units = keep(
+                    spark.read.format(CQ_FORMAT_NAME)
+                    .option("queues", ",".join(f"{t}:{q}" for t, q in differ)).load(str(store))
+                )
+                qdf = F.broadcast(spark.createDataFrame(differ, "topic string, queue_id int"))
+                parts.append(
+                    checks.consume_queue(
+                        records.join(qdf, ["topic", "queue_id"]), all_records, units,
+                        commitlog_min_offset=first_base, window_min_offset=window_min_offset,
+                        broadcast_units=n_units <= _BROADCAST_ROWS,
+                    )
+                )
         queue_end_rows: list[dict[str, Any]] = []
         if consumer_offsets is not None:
-            ends = checks.queue_ends(all_records)
-            if has_cq:
-                cq_ends = units.groupBy("topic", "queue_id").agg((F.max("cq_offset") + 1).alias("cq_max_offset"))
-                ends = ends.join(cq_ends, ["topic", "queue_id"], "full_outer")
-            else:
-                ends = ends.withColumn("cq_max_offset", F.lit(None).cast("bigint"))
-            queue_end_rows = _rows(ends)
-            progress("queue ends")
+            for (topic, qid) in sorted(set(queues) | set(cq_ends)):
+                q = queues.get((topic, qid))
+                queue_end_rows.append({"topic": topic, "queue_id": qid,
+                                       "max_offset": q["max_offset"] if q else None,
+                                       "cq_max_offset": cq_ends.get((topic, qid)) if has_cq else None})
         lag_rows, ahead = _lag(consumer_offsets, queue_end_rows)
         if ahead:
             schema = spark.createDataFrame([], checks.FINDINGS_DDL).schema
             ahead_rows = [tuple(a.get(c) for c in checks.FINDINGS_COLUMNS) for a in ahead]
             parts.append(spark.createDataFrame(ahead_rows, schema))
+
+        # 3. Lineage (before the findings: retry_without_origin comes from it), groups, poison keys.
+        progress("retry and dead-letter lineage")
+        chains = keep(checks.lineage(records, all_records))
+        parts.append(checks.retry_without_origin(chains, commitlog_min_offset=first_base,
+                                                 first_store_timestamp=store_first_ts))
         findings = parts[0]
-        for p in parts[1:]:
-            findings = findings.unionByName(p)
+        for part in parts[1:]:
+            findings = findings.unionByName(part)
         findings.write.mode("overwrite").partitionBy("check").parquet(str(out / "findings"))
         outputs["findings"] = str(out / "findings")
         progress("findings written")
         written = spark.read.schema(checks.FINDINGS_DDL).parquet(str(out / "findings"))
         check_results = _summarise_findings(written, limit)
 
-        # 3. Lineage, groups, poison keys.
-        progress("retry and dead-letter lineage")
-        chains = checks.lineage(records, all_records)
-        chains.write.mode("overwrite").parquet(str(out / "lineage"))
+        lineage_cols = [c for c in chains.columns if c not in ("origin_found", "ref_kind", "ref", "born_timestamp",
+                                                                 "first_step")]
+        chains.select(*lineage_cols).write.mode("overwrite").parquet(str(out / "lineage"))
         outputs["lineage"] = str(out / "lineage")
-        progress("lineage written")
-        lin = spark.read.parquet(str(out / "lineage"))
         lin_examples = _rows(
-            lin.orderBy(F.desc("dead_lettered"), F.desc("retries"), "group", "origin").limit(limit)
+            chains.select(*lineage_cols)
+            .orderBy(F.desc("dead_lettered"), F.desc("retries"), "group", "origin").limit(limit)
         )
-        progress("lineage examples")
-        group_rows = sorted(_rows(checks.group_retry_stats(records)), key=lambda r: r["group"])
+        group_rows = sorted(_rows(checks.group_retry_stats(chains)), key=lambda r: r["group"])
         poison_rows = sorted(_rows(checks.poison_keys(records, opts.top_keys)), key=lambda r: (r["group"], r["rank"]))
         _write_small(group_rows, _GROUP_SCHEMA, out / "group_retries")
         _write_small(poison_rows, _POISON_SCHEMA, out / "poison_keys")
         outputs["group_retries"] = str(out / "group_retries")
         outputs["poison_keys"] = str(out / "poison_keys")
+        progress("lineage written")
 
-        # 4. Volume.
+        # 4. Volume: per-minute throughput (Parquet) and exact per-topic sizes from a size histogram.
         progress("throughput and sizes")
         checks.throughput(records).write.mode("overwrite").parquet(str(out / "throughput"))
         outputs["throughput"] = str(out / "throughput")
-        # Small results are sorted here, not by Spark (a global sort is an extra sampling job).
-        size_rows = sorted(_rows(checks.size_distribution(records)), key=lambda r: (-r["messages"], r["topic"]))
-        for r in size_rows:
-            pct = r.pop("p50_p90_p99") or [None, None, None]
-            r["p50_size"], r["p90_size"], r["p99_size"] = pct
+        hist = checks.size_histogram(records).limit(_HISTOGRAM_ROWS + 1).collect()
+        if len(hist) <= _HISTOGRAM_ROWS:
+            size_rows = checks.sizes_from_histogram(r.asDict() for r in hist)
+        else:  # too many distinct sizes to bring to the driver: approximate percentiles in Spark
+            size_rows = _rows(checks.size_distribution(records))
+            for r in size_rows:
+                pct = r.pop("p50_p90_p99") or [None, None, None]
+                r["p50_size"], r["p90_size"], r["p99_size"] = pct
+        size_rows.sort(key=lambda r: (-r["messages"], r["topic"]))
         _write_small(size_rows, _SIZE_SCHEMA, out / "sizes")
         outputs["sizes"] = str(out / "sizes")
         first_ts = min((r["first_store_timestamp"] for r in size_rows if r["first_store_timestamp"] is not None),
@@ -342,14 +387,17 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
                       default=None)
         bucket_ms = _chart_bucket_ms(first_ts, last_ts)
         top_topics = [r["topic"] for r in size_rows[:CHART_TOPICS]]
-        chart_rows = (
-            _rows(
-                checks.throughput(records.where(F.col("topic").isin(top_topics)), bucket_ms)
-                .select("topic", "minute_ms", "messages")
+        # The chart's buckets are whole minutes: add up the per-minute rows just written (small).
+        chart: dict[tuple[str, int], int] = {}
+        if top_topics:
+            minute_rows = (
+                spark.read.parquet(str(out / "throughput")).where(F.col("topic").isin(top_topics))
+                .select("topic", "minute_ms", "messages").collect()
             )
-            if top_topics
-            else []
-        )
+            for r in minute_rows:
+                k = (r["topic"], r["minute_ms"] // bucket_ms * bucket_ms)
+                chart[k] = chart.get(k, 0) + int(r["messages"])
+        chart_rows = [{"topic": t, "minute_ms": m, "messages": c} for (t, m), c in sorted(chart.items())]
         _write_small(lag_rows, _LAG_SCHEMA, out / "lag")
         outputs["lag"] = str(out / "lag")
     finally:
@@ -423,6 +471,9 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
     progress(f"done: {defects} defect(s)")
     return summary
 
+
+_BROADCAST_ROWS = 2_000_000  # suspicious queues/keys/units up to this many rows are broadcast (no shuffle)
+_HISTOGRAM_ROWS = 200_000  # (topic, queue, size) rows brought to the driver for exact percentiles
 
 _GROUP_SCHEMA = pa.schema(
     [("group", pa.string()), ("retries", pa.int64()), ("scheduled", pa.int64()), ("dlq_arrivals", pa.int64()),

@@ -1,14 +1,27 @@
-"""The audit's checks as DataFrame transformations (no I/O, no actions).
+"""The audit's checks as DataFrame transformations (no I/O, no actions), and the small driver-side
+decisions that keep them cheap.
 
 Every check returns findings in one schema, ``FINDINGS_COLUMNS``, so that all of them go to one Parquet
 table partitioned by ``check``. docs/AUDIT.md explains each check and kind.
 
-Inputs are DataFrames of ``commitlog_source.RECORD_SCHEMA`` rows (``records``: the audited window;
-``all_records``: the whole store, for things that need the true end of a queue) and of
-``commitlog_source.CQ_SCHEMA`` units.
+Inputs are DataFrames of ``commitlog_source.RECORD_SCHEMA`` rows or of the audit's projection
+(``AUDIT_COLUMNS``: no property map, the properties it needs as ``prop_<NAME>`` columns, the shard key,
+and the reader's in-split steps), ``records`` being the audited window and ``all_records`` the whole
+store, and of ``commitlog_source.CQ_SCHEMA`` units.
+
+Scaling. The exact checks that sort (offsets, born order) or join the consume queue with the commit log
+run only on the queues and keys that aggregates cannot clear: ``queue_runs`` (per queue and split:
+offset range, count, steps that are not +1, unit hashes) certifies a queue's offsets contiguous and,
+compared with the consume-queue summary, its units; ``key_runs`` (per key, queue and split: first and
+last born timestamp, in-split inversions) certifies a key in one queue and in born order. A queue or key
+that is not certified goes through the exact check, so findings are the same as checking everything.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from itertools import pairwise
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -35,8 +48,29 @@ FINDINGS_DDL = (
 )
 
 # Checks whose findings are defects (exit code 1). ``dead_letters`` only with --fail-on-dlq.
-DEFECT_CHECKS = ("integrity", "offsets", "consume_queue", "key_queues", "born_order", "consumer_offsets")
+DEFECT_CHECKS = (
+    "integrity", "offsets", "consume_queue", "key_queues", "born_order", "consumer_offsets", "retry_lineage",
+)
 ALL_FINDING_CHECKS = (*DEFECT_CHECKS, "dead_letters")
+
+# The properties the audit reads (as prop_<NAME> columns of the projection).
+AUDIT_PROPERTIES = (
+    MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    MessageConst.ORIGIN_MESSAGE_ID,
+    MessageConst.REAL_TOPIC,
+    MessageConst.RETRY_TOPIC,
+    MessageConst.DELAY_TIME_LEVEL,
+)
+# What the audit reads from the commit log (trimq-commitlog's ``columns`` option).
+AUDIT_COLUMNS = (
+    "segment", "file_position", "physical_offset", "total_size", "magic", "body_crc", "crc_ok", "queue_id",
+    "queue_offset", "sys_flag", "born_timestamp", "born_host", "store_timestamp", "reconsume_times", "topic",
+    "keys", "shard_key", "body_size", "msg_id", "malformed", "error",
+    *(f"prop_{p}" for p in AUDIT_PROPERTIES),
+    "split_start", "queue_step", "born_step", "unit_h1", "unit_h2",
+)
+# Reader bookkeeping, not written to the records table.
+INTERNAL_COLUMNS = ("split_start", "queue_step", "born_step", "unit_h1", "unit_h2")
 
 SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 SYSFLAG_TRANSACTION_MASK = 0xC
@@ -103,6 +137,17 @@ def messages(records: DataFrame) -> DataFrame:
     return records.where(~F.col("malformed"))
 
 
+def key_column(df: DataFrame) -> Column:
+    """The sharding key: the projection's ``shard_key``, else computed from ``keys``."""
+    return F.col("shard_key") if "shard_key" in df.columns else shard_key(F.col("keys"))
+
+
+def prop(df: DataFrame, name: str) -> Column:
+    """Property ``name``: the projection's ``prop_<name>`` column, else a lookup in the ``properties`` map."""
+    col = f"prop_{name}"
+    return F.col(col) if col in df.columns else F.col("properties").getItem(name)
+
+
 def segment_base(segment: Column) -> Column:
     return F.when(segment.rlike("^[0-9]{20}$"), segment.cast("bigint"))
 
@@ -130,7 +175,7 @@ def integrity(records: DataFrame) -> DataFrame:
         "physical_offset": F.col("physical_offset"),
         "segment": F.col("segment"),
         "file_position": F.col("file_position"),
-        "key": shard_key(F.col("keys")),
+        "key": key_column(records),
     }
     crc = _finding(
         msgs.where(~F.col("crc_ok")),
@@ -198,6 +243,7 @@ def consume_queue(
     *,
     commitlog_min_offset: int,
     window_min_offset: int | None,
+    broadcast_units: bool = False,
 ) -> DataFrame:
     """Consume-queue units agree with the commit log.
 
@@ -217,7 +263,7 @@ def consume_queue(
     )
     floor = max(commitlog_min_offset, window_min_offset or 0)
     u = units.where(F.col("commitlog_offset") >= F.lit(floor))
-    j = u.join(recs, u["commitlog_offset"] == recs["r_offset"], "left")
+    j = (F.broadcast(u) if broadcast_units else u).join(recs, u["commitlog_offset"] == recs["r_offset"], "left")
     unit_detail = F.struct(
         F.col("file").alias("cq_file"),
         F.col("file_position").alias("cq_file_position"),
@@ -260,7 +306,20 @@ def consume_queue(
         ),
     )
     want = messages(records).where(takes_queue_offset(F.col("sys_flag")))
-    missing = want.join(units, want["physical_offset"] == units["commitlog_offset"], "left_anti")
+    # A record's own unit: the same commit-log offset AND topic, queue and queue offset. A unit of another
+    # queue that points at the record (a unit_mismatch) does not make the record's own unit present.
+    own = units.select(
+        F.col("commitlog_offset").alias("u_offset"), F.col("topic").alias("u_topic"),
+        F.col("queue_id").alias("u_queue_id"), F.col("cq_offset").alias("u_cq_offset"),
+    )
+    if broadcast_units:
+        own = F.broadcast(own)
+    missing = want.join(
+        own,
+        (want["physical_offset"] == own["u_offset"]) & (want["topic"] == own["u_topic"])
+        & (want["queue_id"] == own["u_queue_id"]) & (want["queue_offset"] == own["u_cq_offset"]),
+        "left_anti",
+    )
     missing_f = _finding(
         missing,
         "consume_queue",
@@ -281,7 +340,7 @@ def keyed_messages(records: DataFrame) -> DataFrame:
     return (
         messages(records)
         .where(~is_special_topic(F.col("topic")) & takes_queue_offset(F.col("sys_flag")))
-        .withColumn("key", shard_key(F.col("keys")))
+        .withColumn("key", key_column(records))
         .where(F.col("key").isNotNull())
     )
 
@@ -355,39 +414,83 @@ def _group_of(topic: Column) -> Column:
 def redeliveries(records: DataFrame) -> DataFrame:
     """Records of the retry machinery: scheduled copies, %RETRY% deliveries, %DLQ% arrivals.
 
-    Columns: group, origin (ORIGIN_MESSAGE_ID, or the record's own id), stage (scheduled|retry|dlq),
-    key, retry_topic (the original topic), delay_level, and the record's position and times.
+    Columns: group, ``ref`` and ``ref_kind`` (how the record names its original: ``origin`` =
+    ORIGIN_MESSAGE_ID, an offset message id or, since RocketMQ 4.9.3's orderly path and trimq's, a unique
+    key; ``uniq_key`` = no ORIGIN_MESSAGE_ID but a UNIQ_KEY, as the retry RocketMQ's client produces
+    itself when CONSUMER_SEND_MSG_BACK fails (DefaultMQPushConsumerImpl.sendMessageBack sets
+    ORIGIN_MESSAGE_ID, then replaces the whole property map with the original's, so only the original's
+    UNIQ_KEY is left); ``self`` = neither: the record's own id), stage (scheduled|retry|dlq), key,
+    retry_topic (the original topic), delay_level, and the record's position and times.
     """
-    props = F.col("properties")
-    real_topic = props.getItem(MessageConst.REAL_TOPIC)
+    real_topic = prop(records, MessageConst.REAL_TOPIC)
     topic = F.col("topic")
     effective = F.when(topic == SCHEDULE_TOPIC, real_topic).otherwise(topic)
     r = messages(records).where(
         effective.startswith(RETRY_GROUP_TOPIC_PREFIX) | effective.startswith(DLQ_GROUP_TOPIC_PREFIX)
     )
-    origin = props.getItem(MessageConst.ORIGIN_MESSAGE_ID)
+    origin = F.trim(prop(records, MessageConst.ORIGIN_MESSAGE_ID))
+    uniq = F.trim(prop(records, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
+    has_origin = origin.isNotNull() & (origin != "")
+    has_uniq = uniq.isNotNull() & (uniq != "")
+    delay = prop(records, MessageConst.DELAY_TIME_LEVEL)
     return r.select(
         _group_of(effective).alias("group"),
-        F.when((origin.isNull()) | (F.trim(origin) == ""), F.col("msg_id")).otherwise(origin).alias("origin"),
+        F.when(has_origin, origin).when(has_uniq, uniq).otherwise(F.col("msg_id")).alias("ref"),
+        F.when(has_origin, "origin").when(has_uniq, "uniq_key").otherwise("self").alias("ref_kind"),
         F.when(topic == SCHEDULE_TOPIC, "scheduled")
         .when(topic.startswith(DLQ_GROUP_TOPIC_PREFIX), "dlq")
         .otherwise("retry")
         .alias("stage"),
-        shard_key(F.col("keys")).alias("key"),
-        props.getItem(MessageConst.RETRY_TOPIC).alias("retry_topic"),
-        F.expr(f"try_cast(properties['{MessageConst.DELAY_TIME_LEVEL}'] AS INT)").alias("delay_level"),
+        key_column(records).alias("key"),
+        prop(records, MessageConst.RETRY_TOPIC).alias("retry_topic"),
+        delay.try_cast("int").alias("delay_level"),
         "topic", "queue_id", "queue_offset", "physical_offset", "reconsume_times", "store_timestamp",
         "born_timestamp", "msg_id",
     )
 
 
-def lineage(records: DataFrame, all_records: DataFrame) -> DataFrame:
-    """One row per (group, ORIGIN_MESSAGE_ID): the chain of scheduled/retry/DLQ records in store order.
+def resolve_origins(red: DataFrame, all_records: DataFrame, *, broadcast_refs: bool = True) -> DataFrame:
+    """Per ``ref`` of ``red`` (not ``self``): the original message, found by its offset message id or, among
+    the records of ordinary topics (retry copies carry the original's UNIQ_KEY too), by its unique key;
+    an offset-id match wins, then the first record. Columns: ref, o_msg_id, origin_topic, origin_queue_id,
+    origin_queue_offset, origin_store_timestamp."""
+    refs = red.where(F.col("ref_kind") != "self").select("ref").distinct()
+    if broadcast_refs:
+        refs = F.broadcast(refs)
+    msgs = messages(all_records)
+    cols = [
+        F.col("msg_id").alias("o_msg_id"), F.col("topic").alias("origin_topic"),
+        F.col("queue_id").alias("origin_queue_id"), F.col("queue_offset").alias("origin_queue_offset"),
+        F.col("store_timestamp").alias("origin_store_timestamp"), F.col("physical_offset").alias("o_phys"),
+    ]
+    by_id = msgs.join(refs, msgs["msg_id"] == refs["ref"]).select("ref", F.lit(0).alias("prio"), *cols)
+    ordinary = msgs.where(~is_special_topic(F.col("topic")))
+    uk = prop(ordinary, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+    by_uk = ordinary.join(refs, uk == refs["ref"]).select("ref", F.lit(1).alias("prio"), *cols)
+    both = by_id.unionByName(by_uk)
+    best = F.min_by(
+        F.struct("o_msg_id", "origin_topic", "origin_queue_id", "origin_queue_offset", "origin_store_timestamp"),
+        F.struct("prio", "o_phys"),
+    )
+    return both.groupBy("ref").agg(best.alias("o")).select("ref", "o.*")
 
-    ``steps[i].delay_ms`` is the store-time distance from the previous step (from the original message
-    for the first step, when the original is in the store).
+
+def lineage(records: DataFrame, all_records: DataFrame, *, broadcast_refs: bool = True) -> DataFrame:
+    """One row per (group, origin): the chain of scheduled/retry/DLQ records in store order.
+
+    ``origin`` is the original's offset message id when it is in the store (found by ORIGIN_MESSAGE_ID
+    or UNIQ_KEY, see ``redeliveries``), else the reference itself. ``origin_found`` says which; with
+    ``ref_kind``, ``retry_without_origin`` uses it. ``steps[i].delay_ms`` is the store-time distance
+    from the previous step (from the original message for the first step, when it is in the store).
     """
     red = redeliveries(records)
+    res = resolve_origins(red, all_records, broadcast_refs=broadcast_refs)
+    red = red.join(F.broadcast(res) if broadcast_refs else res, "ref", "left").withColumn(
+        "origin", F.coalesce(F.col("o_msg_id"), F.col("ref"))
+    )
+    first_step = F.min_by(
+        F.struct("topic", "queue_id", "queue_offset", "physical_offset", "msg_id"), F.col("physical_offset")
+    )
     chains = red.groupBy("group", "origin").agg(
         F.sort_array(
             F.collect_list(
@@ -404,15 +507,17 @@ def lineage(records: DataFrame, all_records: DataFrame) -> DataFrame:
         F.first("retry_topic", ignorenulls=True).alias("retry_topic"),
         F.min("store_timestamp").alias("first_store_timestamp"),
         F.max("store_timestamp").alias("last_store_timestamp"),
+        F.min("born_timestamp").alias("born_timestamp"),
+        F.first("ref").alias("ref"),
+        F.max(F.when(F.col("ref_kind") == "origin", 2).when(F.col("ref_kind") == "uniq_key", 1).otherwise(0))
+        .alias("ref_rank"),
+        F.max(F.col("o_msg_id").isNotNull()).alias("origin_found"),
+        F.first("origin_topic", ignorenulls=True).alias("origin_topic0"),
+        F.first("origin_queue_id", ignorenulls=True).alias("origin_queue_id"),
+        F.first("origin_queue_offset", ignorenulls=True).alias("origin_queue_offset"),
+        F.first("origin_store_timestamp", ignorenulls=True).alias("origin_store_timestamp"),
+        first_step.alias("first_step"),
     )
-    orig = messages(all_records).select(
-        F.col("msg_id").alias("o_msg_id"),
-        F.col("topic").alias("origin_topic"),
-        F.col("queue_id").alias("origin_queue_id"),
-        F.col("queue_offset").alias("origin_queue_offset"),
-        F.col("store_timestamp").alias("origin_store_timestamp"),
-    )
-    j = chains.join(orig, chains["origin"] == orig["o_msg_id"], "left")
     steps = F.expr(
         "transform(steps0, (s, i) -> named_struct("
         "'stage', s.stage, 'topic', s.topic, 'queue_id', s.queue_id, 'queue_offset', s.queue_offset, "
@@ -420,10 +525,10 @@ def lineage(records: DataFrame, all_records: DataFrame) -> DataFrame:
         "'delay_level', s.delay_level, 'store_timestamp', s.store_timestamp, 'msg_id', s.msg_id, "
         "'delay_ms', s.store_timestamp - IF(i = 0, origin_store_timestamp, steps0[i - 1].store_timestamp)))"
     )
-    return j.select(
+    return chains.select(
         "group",
         "origin",
-        F.coalesce(F.col("origin_topic"), F.col("retry_topic")).alias("origin_topic"),
+        F.coalesce(F.col("origin_topic0"), F.col("retry_topic")).alias("origin_topic"),
         "origin_queue_id",
         "origin_queue_offset",
         "origin_store_timestamp",
@@ -435,6 +540,50 @@ def lineage(records: DataFrame, all_records: DataFrame) -> DataFrame:
         "first_store_timestamp",
         "last_store_timestamp",
         steps.alias("steps"),
+        "origin_found",
+        F.element_at(F.array(F.lit("self"), F.lit("uniq_key"), F.lit("origin")), F.col("ref_rank") + 1)
+        .alias("ref_kind"),
+        "ref",
+        "born_timestamp",
+        "first_step",
+    )
+
+
+def retry_without_origin(
+    chains: DataFrame, *, commitlog_min_offset: int, first_store_timestamp: int | None
+) -> DataFrame:
+    """Chains whose ORIGIN_MESSAGE_ID names a message that is not in the store although it should be.
+
+    Not reported: chains linked by UNIQ_KEY only (the client's own retries, see ``redeliveries``) or with
+    no reference at all; and originals evidently removed by retention: an offset message id of this
+    store's host pointing below the first segment, or (for a unique-key reference) a retry born before
+    the oldest record of the store (retries keep the original's born timestamp).
+    """
+    ref = F.col("ref")
+    own_prefix = F.expr("substring(first_step.msg_id, 1, length(first_step.msg_id) - 16)")
+    is_offset_id = (F.length(ref) == F.length(F.col("first_step.msg_id"))) & (
+        F.substring(ref, 1, F.length(ref) - 16) == own_prefix
+    ) & ref.rlike("^[0-9A-Fa-f]+$")
+    offset = F.conv(F.expr("substring(ref, -16, 16)"), 16, 10).cast("decimal(20,0)")
+    deleted = F.when(is_offset_id, offset < F.lit(commitlog_min_offset)).otherwise(
+        F.lit(False) if first_store_timestamp is None else F.col("born_timestamp") < F.lit(first_store_timestamp)
+    )
+    bad = chains.where((F.col("ref_kind") == "origin") & ~F.col("origin_found") & ~deleted)
+    return _finding(
+        bad,
+        "retry_lineage",
+        "retry_without_origin",
+        topic=F.col("first_step.topic"),
+        queue_id=F.col("first_step.queue_id"),
+        queue_offset=F.col("first_step.queue_offset"),
+        physical_offset=F.col("first_step.physical_offset"),
+        key=F.col("key"),
+        group=F.col("group"),
+        detail=F.struct(
+            F.col("ref").alias("origin_message_id"), F.when(is_offset_id, "offset_id").otherwise("unique_key")
+            .alias("reference"), "retries", "dlq_arrivals", "first_store_timestamp", "born_timestamp",
+            F.col("first_step.msg_id").alias("msg_id"),
+        ),
     )
 
 
@@ -451,23 +600,19 @@ def dead_letters(records: DataFrame) -> DataFrame:
         physical_offset=F.col("physical_offset"),
         key=F.col("key"),
         group=F.col("group"),
-        detail=F.struct("origin", "retry_topic", "reconsume_times", "msg_id"),
+        detail=F.struct(F.col("ref").alias("origin"), "retry_topic", "reconsume_times", "msg_id"),
     )
 
 
-def group_retry_stats(records: DataFrame) -> DataFrame:
-    """Per consumer group: retry deliveries, scheduled copies, DLQ arrivals, retried messages (distinct
-    origins) and how many of them reached the DLQ."""
-    return (
-        redeliveries(records)
-        .groupBy("group")
-        .agg(
-            F.sum(F.when(F.col("stage") == "retry", 1).otherwise(0)).alias("retries"),
-            F.sum(F.when(F.col("stage") == "scheduled", 1).otherwise(0)).alias("scheduled"),
-            F.sum(F.when(F.col("stage") == "dlq", 1).otherwise(0)).alias("dlq_arrivals"),
-            F.countDistinct("origin").alias("messages"),
-            F.countDistinct(F.when(F.col("stage") == "dlq", F.col("origin"))).alias("dead_lettered"),
-        )
+def group_retry_stats(chains: DataFrame) -> DataFrame:
+    """Per consumer group, from ``lineage`` chains: retry deliveries, scheduled copies, DLQ arrivals,
+    retried messages (chains, i.e. distinct origins) and how many of them reached the DLQ."""
+    return chains.groupBy("group").agg(
+        F.sum("retries").alias("retries"),
+        F.sum(F.size(F.filter("steps", lambda s: s["stage"] == "scheduled"))).alias("scheduled"),
+        F.sum("dlq_arrivals").alias("dlq_arrivals"),
+        F.count(F.lit(1)).alias("messages"),
+        F.count(F.when(F.col("dlq_arrivals") > 0, 1)).alias("dead_lettered"),
     )
 
 
@@ -515,3 +660,161 @@ def queue_ends(all_records: DataFrame) -> DataFrame:
     """Per (topic, queue): the max offset by the commit log (last queue offset + 1)."""
     m = messages(all_records).where(takes_queue_offset(F.col("sys_flag")))
     return m.groupBy("topic", "queue_id").agg((F.max("queue_offset") + 1).alias("max_offset"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scaling: certify what is clean with aggregates, run the exact checks on the rest
+
+
+def queue_runs(all_records: DataFrame, in_window: Column) -> DataFrame:
+    """Per (topic, queue, segment, split_start), over the records that take a queue offset: the window's
+    count, offset range and steps that are not +1 (the reader's ``queue_step``: the offset minus that of
+    the previous record of the queue in the split, in store order), the sums of the unit hashes, the
+    first commit-log offset and store time of the window, and the last queue offset of the whole store."""
+    q = messages(all_records).where(takes_queue_offset(F.col("sys_flag")))
+    w = in_window
+    step = F.col("queue_step")
+    return q.groupBy("topic", "queue_id", "segment", "split_start").agg(
+        F.count(F.when(w, 1)).alias("n"),
+        F.min(F.when(w, F.col("queue_offset"))).alias("lo"),
+        F.max(F.when(w, F.col("queue_offset"))).alias("hi"),
+        F.count(F.when(w & step.isNotNull() & (step != 1), 1)).alias("bad"),
+        F.sum(F.when(w, F.col("unit_h1"))).alias("h1"),
+        F.sum(F.when(w, F.col("unit_h2"))).alias("h2"),
+        F.min(F.when(w, F.col("physical_offset"))).alias("first_offset"),
+        F.min(F.when(w, F.col("store_timestamp"))).alias("first_store_timestamp"),
+        F.max("queue_offset").alias("hi_all"),
+    )
+
+
+def certify_queues(runs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per queue from ``queue_runs`` rows: ``clean`` (the window's offsets are contiguous without repeats:
+    within each split every step is +1 and the count fills the range, and the splits' ranges follow one
+    another), ``max_offset`` (whole store), ``n``/``h1``/``h2`` (window sums for the consume-queue check)."""
+    by_q: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for r in runs:
+        by_q.setdefault((r["topic"], r["queue_id"]), []).append(r)
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for qk, rs in by_q.items():
+        live = sorted((r for r in rs if r["n"]), key=lambda r: r["lo"])
+        clean = all(r["bad"] == 0 and r["n"] == r["hi"] - r["lo"] + 1 for r in live) and all(
+            b["lo"] == a["hi"] + 1 for a, b in pairwise(live)
+        )
+        out[qk] = {
+            "clean": clean,
+            "max_offset": max(r["hi_all"] for r in rs) + 1,
+            "n": sum(r["n"] for r in rs),
+            "h1": sum(r["h1"] or 0 for r in rs),
+            "h2": sum(r["h2"] or 0 for r in rs),
+        }
+    return out
+
+
+def key_runs(all_records: DataFrame, in_window: Column) -> DataFrame:
+    """Per (topic, key, queue, segment, split_start) of keyed messages: the window's count and first
+    offset (for ``key_queues``), and over the whole store the first and last offset and born timestamp
+    and the in-split inversions (the reader's ``born_step`` < 0) that ``suspicious_keys`` uses."""
+    km = keyed_messages(all_records)
+    w = in_window
+    return km.groupBy("topic", "key", "queue_id", "segment", "split_start").agg(
+        F.count(F.when(w, 1)).alias("n_w"),
+        F.min(F.when(w, F.col("physical_offset"))).alias("first_w"),
+        F.min("physical_offset").alias("first_phys"),
+        F.min_by("born_timestamp", "physical_offset").alias("first_born"),
+        F.max_by("born_timestamp", "physical_offset").alias("last_born"),
+        F.count(F.when(F.col("born_step") < 0, 1)).alias("inversions"),
+    )
+
+
+def key_queues_from_runs(runs: DataFrame) -> DataFrame:
+    """``key_queues`` computed from ``key_runs`` (the same findings, without another pass over records)."""
+    per_queue = (
+        runs.where(F.col("n_w") > 0)
+        .groupBy("topic", "key", "queue_id")
+        .agg(F.sum("n_w").alias("messages"), F.min("first_w").alias("first_physical_offset"))
+    )
+    spread = (
+        per_queue.groupBy("topic", "key")
+        .agg(
+            F.count(F.lit(1)).alias("queues"),
+            F.sort_array(F.collect_list(F.struct("queue_id", "messages", "first_physical_offset"))).alias(
+                "per_queue"
+            ),
+            F.min("first_physical_offset").alias("first_physical_offset"),
+        )
+        .where(F.col("queues") > 1)
+    )
+    return _finding(
+        spread,
+        "key_queues",
+        "key_in_many_queues",
+        topic=F.col("topic"),
+        key=F.col("key"),
+        physical_offset=F.col("first_physical_offset"),
+        detail=F.struct("queues", "per_queue"),
+    )
+
+
+def suspicious_keys(runs: DataFrame) -> DataFrame:
+    """(topic, key) pairs that ``key_runs`` cannot certify in born order over the whole store: in more
+    than one queue (runs of two queues interleave), an inversion inside a split, or a split whose first
+    born timestamp is below the previous split's last. Every other key has non-decreasing born timestamps
+    in store order, so no window of it has an inversion either."""
+    w = Window.partitionBy("topic", "key").orderBy("first_phys")
+    r = runs.select(
+        "topic", "key", "queue_id", "inversions",
+        (F.col("first_born") < F.lag("last_born").over(w)).alias("boundary"),
+    )
+    return (
+        r.groupBy("topic", "key")
+        .agg(
+            F.countDistinct("queue_id").alias("queues"),
+            F.sum("inversions").alias("inversions"),
+            F.max(F.coalesce(F.col("boundary"), F.lit(False))).alias("boundary"),
+        )
+        .where((F.col("queues") > 1) | (F.col("inversions") > 0) | F.col("boundary"))
+        .select("topic", "key")
+    )
+
+
+def size_histogram(records: DataFrame) -> DataFrame:
+    """Per (topic, queue, record size): messages and first/last store time (for ``sizes``; small)."""
+    return messages(records).groupBy("topic", "queue_id", "total_size").agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.min("store_timestamp").alias("first_store_timestamp"),
+        F.max("store_timestamp").alias("last_store_timestamp"),
+    )
+
+
+def sizes_from_histogram(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per topic: messages, bytes, queues, min/max and exact p50/p90/p99 record size (the size at rank
+    ceil(p * n) in size order), first/last store time."""
+    by_topic: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        by_topic.setdefault(r["topic"], []).append(r)
+    out = []
+    for topic, rs in by_topic.items():
+        n = sum(int(r["messages"]) for r in rs)
+        hist: dict[int, int] = {}
+        for r in rs:
+            hist[int(r["total_size"])] = hist.get(int(r["total_size"]), 0) + int(r["messages"])
+        sizes = sorted(hist)
+        pct = []
+        for p in (0.5, 0.9, 0.99):
+            rank = max(1, -(-int(p * 1000) * n // 1000))
+            acc = 0
+            for sz in sizes:
+                acc += hist[sz]
+                if acc >= rank:
+                    pct.append(sz)
+                    break
+        firsts = [r["first_store_timestamp"] for r in rs if r["first_store_timestamp"] is not None]
+        lasts = [r["last_store_timestamp"] for r in rs if r["last_store_timestamp"] is not None]
+        out.append({
+            "topic": topic, "messages": n, "bytes": sum(sz * c for sz, c in hist.items()),
+            "min_size": sizes[0], "max_size": sizes[-1],
+            "first_store_timestamp": min(firsts) if firsts else None,
+            "last_store_timestamp": max(lasts) if lasts else None,
+            "queues": len({r["queue_id"] for r in rs}), "p50_size": pct[0], "p90_size": pct[1], "p99_size": pct[2],
+        })
+    return out

@@ -39,7 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=20, help="examples kept per check (default 20)")
     p.add_argument("--top-keys", type=int, default=10, help="poison keys listed per group (default 10)")
     p.add_argument("--fail-on-dlq", action="store_true", help="count dead-letter arrivals as defects (exit 1)")
-    p.add_argument("--no-records", action="store_true", help="do not write the records table")
+    p.add_argument("--write-records", action="store_true",
+                   help="also write the records table (the audited records, no bodies; off by default: it costs "
+                   "about as much as the checks)")
+    p.add_argument("--no-records", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for scripts
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     p.add_argument("--py-files", dest="py_files", action="store_true",
                    help="ship protocol/ and spark_jobs/ to the executors as a zip (default for non-local masters)")
@@ -100,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             example_limit=args.examples,
             top_keys=args.top_keys,
             fail_on_dlq=args.fail_on_dlq,
-            write_records=not args.no_records,
+            write_records=args.write_records and not args.no_records,
             extra={"progress": not args.quiet},
         )
         validate(opts)

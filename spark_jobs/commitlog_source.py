@@ -19,7 +19,10 @@ Options (case-insensitive):
   ``sequential`` (``spark_jobs.parser``, record by record; the same rows, kept as the reference).
 
 ``spark.read.format("trimq-consumequeue").load(path)`` reads ``consumequeue/<topic>/<qid>/`` files of
-20-byte units (all-zero units, i.e. unwritten ones, are skipped).
+20-byte units (all-zero units, i.e. unwritten ones, are skipped). Options: ``queues`` (``topic:qid,...``:
+only those queues); ``summary`` (``true``: one row per file instead of one per unit, ``CQ_SUMMARY_SCHEMA``:
+unit count, offset range and the sums of ``vectorized.unit_hashes`` over the units at or above
+``minCommitlogOffset``), computed with numpy so the JVM never sees the units one by one.
 
 Call ``register(spark)`` once per session. The workers import this module and ``trimq.spark_jobs.parser``, so
 the package must be importable there (PYTHONPATH locally, ``--py-files`` on a cluster).
@@ -57,7 +60,7 @@ from trimq.spark_jobs.parser import (
     plan_splits,
     resolve_segments,
 )
-from trimq.spark_jobs.vectorized import VectorScanner, batch_to_arrow, column_type
+from trimq.spark_jobs.vectorized import VectorScanner, batch_to_arrow, column_type, unit_hashes
 
 FORMAT_NAME = "trimq-commitlog"
 CQ_FORMAT_NAME = "trimq-consumequeue"
@@ -342,6 +345,53 @@ def read_cq_units(f: CqFile) -> pa.RecordBatch:
     )
 
 
+CQ_SUMMARY_SCHEMA = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("queue_id", IntegerType()),
+        StructField("file", StringType()),
+        StructField("units", LongType()),  # written units in the file
+        StructField("min_cq_offset", LongType()),
+        StructField("max_cq_offset", LongType()),
+        StructField("checked_units", LongType()),  # units at or above minCommitlogOffset
+        StructField("h1", LongType()),  # sums of unit_hashes over the checked units
+        StructField("h2", LongType()),
+    ]
+)
+
+
+def summarise_cq_units(f: CqFile, min_commitlog_offset: int = 0) -> pa.RecordBatch:
+    """One CQ_SUMMARY_SCHEMA row for a consume-queue file."""
+    import numpy as np
+
+    units = read_cq_units(f)
+    off = np.asarray(units.column("commitlog_offset"))
+    size = np.asarray(units.column("size")).astype(np.int64)
+    qoff = np.asarray(units.column("cq_offset"))
+    chk = off >= min_commitlog_offset
+    h1, h2 = unit_hashes(qoff[chk], off[chk], size[chk])
+    n = len(off)
+    row = {
+        "topic": [f.topic], "queue_id": [f.queue_id], "file": [os.path.basename(f.path)], "units": [n],
+        "min_cq_offset": [int(qoff.min()) if n else None], "max_cq_offset": [int(qoff.max()) if n else None],
+        "checked_units": [int(chk.sum())], "h1": [int(h1.sum())], "h2": [int(h2.sum())],
+    }
+    return pa.RecordBatch.from_pydict(row, schema=to_arrow_schema(CQ_SUMMARY_SCHEMA, timezone="UTC"))
+
+
+def _queues_option(options: Mapping[str, str]) -> set[tuple[str, int]] | None:
+    raw = options.get("queues")
+    if raw is None:
+        return None
+    out = set()
+    for item in str(raw).split(","):
+        topic, sep, qid = item.strip().rpartition(":")
+        if not sep or not topic or not qid.isdigit():
+            raise OptionError(f"option queues: expected topic:queueId[,topic:queueId...], got {item!r}")
+        out.add((topic, int(qid)))
+    return out
+
+
 class CqPartition(InputPartition):
     """A few consume-queue files, read one after the other."""
 
@@ -354,15 +404,23 @@ class ConsumeQueueReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.path = _path_option(options)
         self.files_per_partition = int(options.get("filesPerPartition", "16"))
+        self.summary = _bool_option(options, "summary", False)
+        self.min_commitlog_offset = int(options.get("minCommitlogOffset", "0"))
+        self.queues = _queues_option(options)
 
     def partitions(self) -> Sequence[InputPartition]:
         files = list_consume_queue_files(self.path)
+        if self.queues is not None:
+            files = [f for f in files if (f.topic, f.queue_id) in self.queues]
         n = max(self.files_per_partition, 1)
         parts = [CqPartition(tuple(files[i : i + n])) for i in range(0, len(files), n)]
         return parts or [CqPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         for f in getattr(partition, "files", ()):
+            if self.summary:
+                yield summarise_cq_units(f, self.min_commitlog_offset)
+                continue
             batch = read_cq_units(f)
             if batch.num_rows:
                 yield batch
@@ -376,7 +434,7 @@ class ConsumeQueueDataSource(DataSource):
         return CQ_FORMAT_NAME
 
     def schema(self) -> StructType:
-        return CQ_SCHEMA
+        return CQ_SUMMARY_SCHEMA if _bool_option(self.options, "summary", False) else CQ_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return ConsumeQueueReader(self.options)

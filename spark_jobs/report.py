@@ -20,6 +20,7 @@ CHECK_TITLES = {
     "key_queues": "Sharding key in more than one queue",
     "born_order": "Born-timestamp order inversions per key",
     "consumer_offsets": "Consumer offsets past the end of a queue",
+    "retry_lineage": "Retries whose original message is missing",
     "dead_letters": "Dead-letter arrivals",
 }
 

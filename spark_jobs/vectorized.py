@@ -98,6 +98,10 @@ DERIVED_COLUMNS = {
     # born_timestamp minus that of the previous keyed record (ordinary topic, takes a queue offset, has a
     # shard key) of the same (topic, shard_key) in this split; null for the first one and the others
     "born_step": pa.int64(),
+    # two 31-bit halves of unit_hashes(queue_offset, physical_offset, total_size) for records that take a
+    # queue offset (null for the others): summed per queue they compare the records with the consume queue
+    "unit_h1": pa.int64(),
+    "unit_h2": pa.int64(),
 }
 PROP_PREFIX = "prop_"  # prop_<NAME>: the value of property NAME (string, null when absent)
 
@@ -200,6 +204,31 @@ def _first_invalid_utf8(arr: pa.Array) -> int | None:
     return lo
 
 
+_MASK31 = np.uint64((1 << 31) - 1)
+
+
+def unit_hashes(
+    queue_offset: np.ndarray, physical_offset: np.ndarray, size: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two 31-bit hashes of (queue offset, commit-log offset, size) (splitmix64 of a mix of the three).
+
+    The consume-queue summary (``commitlog_source``, ``summary`` option) hashes each unit the same way,
+    so per queue the sums over the records and over the units are equal when both hold the same
+    (offset, position, size) triples; a difference means a missing, extra or different unit. Two
+    independent 31-bit sums make a false match about 2^-62 likely.
+    """
+    with np.errstate(over="ignore"):
+        x = (queue_offset.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
+            physical_offset.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+        ) ^ (size.astype(np.uint64) * np.uint64(0x165667B19E3779F9))
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x & _MASK31).astype(np.int64), ((x >> np.uint64(31)) & _MASK31).astype(np.int64)
+
+
 class _Irregular(Exception):
     """A run the vectorised decoder does not reproduce exactly: hand it to the sequential walker."""
 
@@ -242,6 +271,8 @@ class VectorScanner:
             need |= {"topic", "shard_key", "born_timestamp", "sys_flag", "malformed"}
         if "queue_step" in need:
             need |= {"topic", "queue_id", "queue_offset", "sys_flag", "malformed"}
+        if "unit_h1" in need or "unit_h2" in need:
+            need |= {"queue_offset", "physical_offset", "total_size", "sys_flag", "malformed"}
         if "shard_key" in need:
             need.add("keys")
         self._need = need
@@ -632,11 +663,18 @@ class VectorScanner:
             cols["shard_key"] = pc.struct_field(pc.extract_regex(cols["keys"], _SHARD_KEY_RE), [0])
         if "split_start" in need:
             cols["split_start"] = pa.array(np.full(n, self.split.start, dtype=np.int64))
-        if "queue_step" in need or "born_step" in need:
+        if "queue_step" in need or "born_step" in need or "unit_h1" in need or "unit_h2" in need:
             malformed = np.asarray(cols["malformed"].fill_null(True), dtype=bool)
             sysflag = np.asarray(cols["sys_flag"].fill_null(0), dtype=np.int64)
             tx = sysflag & _SYSFLAG_TX_MASK
             takes = ~malformed & (tx != 0x4) & (tx != 0xC)
+        if "unit_h1" in need or "unit_h2" in need:
+            h1, h2 = unit_hashes(np.asarray(cols["queue_offset"].fill_null(0)),
+                                 np.asarray(cols["physical_offset"].fill_null(0)),
+                                 np.asarray(cols["total_size"].fill_null(0)))
+            cols["unit_h1"] = pa.array(h1, mask=~takes)
+            cols["unit_h2"] = pa.array(h2, mask=~takes)
+        if "queue_step" in need or "born_step" in need:
             topic = cols["topic"]
             tenc = pc.dictionary_encode(topic)
             tidx = np.asarray(tenc.indices.fill_null(0), dtype=np.int64)

@@ -25,7 +25,7 @@ def _counts(summary: dict) -> dict[str, dict[str, int]]:
 
 def test_clean_store_audits_clean(spark, tmp_path: Path) -> None:
     info = build_clean_store(tmp_path / "store")
-    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT))
+    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT), write_records=True)
     assert _counts(summary) == {name: {} for name in (*DEFECT_CHECKS, "dead_letters")}
     assert summary["exit_code"] == 0 and summary["clean"] and summary["defects"] == 0
     assert summary["records"]["messages"] == info["messages"]
@@ -61,6 +61,7 @@ def test_planted_defects_are_each_reported_once(spark, tmp_path: Path) -> None:
         "key_queues": {"key_in_many_queues": 1},
         "born_order": {"born_order_inversion": 2},
         "consumer_offsets": {},
+        "retry_lineage": {},
         "dead_letters": {"dlq_arrival": 1},
     }
     assert summary["defects"] == 6 and summary["exit_code"] == 1
@@ -103,9 +104,10 @@ def test_planted_defects_are_each_reported_once(spark, tmp_path: Path) -> None:
 
 
 def test_bare_rocketmq_commitlog_audits_clean(spark, tmp_path: Path) -> None:
-    """Only commitlog/ (no consume queues, no offsets), RocketMQ-encoded, records table not written."""
+    """Only commitlog/ (no consume queues, no offsets), RocketMQ-encoded, records table not written (the
+    default)."""
     written = write_rocketmq_segments(tmp_path / "rmq", segment_size=2048)
-    summary = audit_store(spark, tmp_path / "rmq", tmp_path / "out", write_records=False, split_size=1024)
+    summary = audit_store(spark, tmp_path / "rmq", tmp_path / "out", split_size=1024)
     assert summary["exit_code"] == 0 and summary["records"]["messages"] == len(written)
     assert summary["checks"]["consume_queue"]["checked"] is False
     assert summary["lag"]["checked"] is False and summary["lineage"]["chains"] == 0

@@ -241,3 +241,28 @@ async def test_deleted_files_are_closed_only_once_no_flush_thread_can_use_them(
                 st.delete_first_segment()
         assert len(st.commitlog.segments) == 1
         st._flush_lock.release()
+
+
+def test_delete_when_is_checked_with_the_other_settings() -> None:
+    from trimq.broker.config import BrokerConfig, ConfigError
+
+    assert BrokerConfig(delete_when="04;16").validate().delete_when == "04;16"
+    for bad in ("24", "4pm", "", "04;"):
+        with pytest.raises(ConfigError, match="delete_when"):
+            BrokerConfig(delete_when=bad).validate()
+    with pytest.raises(ConfigError, match="disk_max_used_space_ratio"):
+        BrokerConfig(disk_max_used_space_ratio=96).validate()  # RocketMQ clamps it to 10-95
+
+
+async def test_units_of_a_deleted_segment_are_skipped_until_the_queue_follows(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    fakes = Fakes()
+    async with running(tmp_path, fakes) as st:
+        await fill(st, 6)  # 4 segments
+        st.delete_first_segment()  # the commit-log half of a pass, before the queues follow
+        r = st.get_message("A", 0, 0, 32)  # RocketMQ's getMessage skips units whose record is gone
+        assert r.status is GetMessageStatus.FOUND
+        assert [m.body[:6] for m in iter_records(r.body)] == [b"A-0002", b"A-0003"]
+        assert await st.cleaner.delete_expired_consume_queues() == 0  # no file holds only deleted units
+        assert st.get_min_offset_in_queue("A", 0) == 2  # segment 0 held A's 0 and 1 (and B's 0)
+        assert st.get_message("A", 0, 0, 32).status is GetMessageStatus.OFFSET_TOO_SMALL

@@ -109,6 +109,17 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "trimq_connections": ("gauge", "", "open client connections"),
     "trimq_connections_refused_total": ("counter", "", "connections refused at max_connections"),
     "trimq_protocol_errors_total": ("counter", "", "connections closed for a malformed frame"),
+    "trimq_connections_closed_total": ("counter", "reason",
+                                       "connections the broker closed: reason=idle (no frame for "
+                                       "server_channel_max_idle_time_seconds) or write_stalled (answers not read "
+                                       "for max_write_stall_ms)"),
+    "trimq_pending_write_bytes": ("gauge", "", "answer bytes queued for all connections, not yet written "
+                                  "(bounded by max_total_pending_write_bytes, docs/PROTOCOL.md §2)"),
+    "trimq_field_range_errors_total": ("counter", "oneway",
+                                       "requests refused because a numeric field is outside its Java type's range "
+                                       "(oneway=true: dropped without an answer)"),
+    "trimq_answer_encode_errors_total": ("counter", "", "answers that could not be encoded, sent as SYSTEM_ERROR"),
+    "trimq_handler_errors_total": ("counter", "", "requests whose handler failed unexpectedly (SYSTEM_ERROR)"),
     "trimq_long_polling_requests_held": ("gauge", "", "pulls currently held waiting for messages"),
     "trimq_long_polling_queues": ("gauge", "", "queues with at least one held pull"),
 }
@@ -404,10 +415,21 @@ class BrokerCollector:
             ("trimq_connections", len(server.connections), _gauge),
             ("trimq_connections_refused_total", server.refused_connections, _counter),
             ("trimq_protocol_errors_total", server.protocol_errors, _counter),
+            ("trimq_pending_write_bytes", server.pending_write_bytes, _gauge),
+            ("trimq_answer_encode_errors_total", server.encode_errors, _counter),
+            ("trimq_handler_errors_total", server.handler_errors, _counter),
         ):
             m = kind(name, _doc(name))
             m.add_metric([], value)
             yield m
+        closed = _counter("trimq_connections_closed", _doc("trimq_connections_closed_total"), ["reason"])
+        closed.add_metric(["idle"], server.idle_closed)
+        closed.add_metric(["write_stalled"], server.stalled_closed)
+        yield closed
+        ranges = _counter("trimq_field_range_errors", _doc("trimq_field_range_errors_total"), ["oneway"])
+        for oneway, n in sorted(server.field_range_errors.items()):
+            ranges.add_metric([str(oneway).lower()], n)
+        yield ranges
         lp = self.long_polling
         if lp is not None:
             for name, value in (("trimq_long_polling_requests_held", lp.held),

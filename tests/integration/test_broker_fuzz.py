@@ -1,5 +1,6 @@
 """10,000 random and mutated frames at a running broker from 50 connections; it must keep answering and its
-store must be intact.
+store must be intact. Then, for every request code of protocol/codes.py, huge values in each of its documented
+fields and numbers just outside their Java type's range: each gets a clear, small error and the broker goes on.
 
 The frames (seeded, so a failure is reproducible): well-formed frames of every real request code whose ext and
 body values have wrong types, missing or extra fields (most of them; each gets an answer); byte-level
@@ -32,6 +33,7 @@ from trimq.client.remoting import RemotingClient
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.address import parse_address
 from trimq.protocol.errors import ProtocolError
+from trimq.protocol.fields import BODY_FIELD_TYPES, FIELD_TYPES, JAVA_RANGES
 from trimq.protocol.frame import FrameDecoder, encode_frame
 from trimq.protocol.record import iter_records
 
@@ -249,3 +251,92 @@ async def test_broker_survives_fuzzed_frames(tmp_path: Path) -> None:
             cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE, send_ext(INTACT_TOPIC), b"after")
             sent = await rc.invoke(broker.address, cmd, 5)
             assert sent.ok and sent.ext["queueOffset"] == max_off.ext["offset"]
+
+
+# ------------------------------------------------------------------------------------- huge and out-of-range values
+
+DOC = ROOT / "docs" / "PROTOCOL.md"
+SWEEP_FRAME_BYTES = 1024 * 1024  # the broker's max_frame_bytes in the sweep: huge values cost 16x less than 16 MiB
+SWEEP_HUGE = SWEEP_FRAME_BYTES - 512  # still fits one request frame; an answer echoing it would not
+
+
+def documented_ext_fields() -> dict[int, list[str]]:
+    """request code -> the ext field names docs/PROTOCOL.md §4 lists for it."""
+    out: dict[int, list[str]] = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"^\| (\d+) \| (\w+) \| (.*?) \| (.*?) \| .* \|$", line)
+        if m:
+            out[int(m.group(1))] = list(dict.fromkeys(re.findall(r"`(\w+)`", m.group(3))))
+    return out
+
+
+def out_of_range_cases(code: int) -> list[tuple[str, dict[str, Any], Any]]:
+    """(field, ext, body) requests with one numeric field just outside its Java type's range."""
+    cases: list[tuple[str, dict[str, Any], Any]] = []
+    for name, java in FIELD_TYPES.get(code, {}).items():
+        lo, hi = JAVA_RANGES[java]
+        cases.append((name, {name: hi + 1}, None))
+        cases.append((name, {name: str(lo - 1)}, None))  # as a decimal string: msgpack cannot carry lo - 1 >= 64 bits
+    for path, java in BODY_FIELD_TYPES.get(code, []):
+        node: Any = JAVA_RANGES[java][1] + 1
+        for step in reversed(path):
+            node = [node] if step == "*" else {step: node}
+        cases.append((path[-1] if path[-1] != "*" else path[-2], {}, node))
+    return cases
+
+
+async def test_every_request_code_answers_huge_and_out_of_range_values_with_a_clear_error(tmp_path: Path) -> None:
+    """For each code of protocol/codes.py: each documented ext field (and the body) holding a value as large as a
+    frame allows, and each numeric field just outside its Java type's range (as a number and as a decimal
+    string; body numbers too). Every answer is small; out-of-range ones are SYSTEM_ERROR naming the field and
+    never reach the handler; oneway ones are dropped and counted; no handler crashes; the broker keeps serving."""
+    config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"), embedded_namesrv=True,
+                          max_frame_bytes=SWEEP_FRAME_BYTES, suspend_timeout_ms=100, shutdown_grace_ms=1000)
+    documented = documented_ext_fields()
+    huge = "9" * SWEEP_HUGE  # a digit string: also a huge "number" for the fields that accept decimal strings
+    async with open_broker(config) as broker, RemotingClient(max_frame_bytes=SWEEP_FRAME_BYTES) as rc:
+        crashes, known = record_handler_crashes(broker)
+        seen: list[tuple[int, dict[str, Any]]] = []
+        for code, handler in list(broker.server.handlers.items()):
+
+            async def spy(cmd: RemotingCommand, conn: Connection, _h: Any = handler) -> RemotingCommand | None:
+                seen.append((cmd.code, cmd.ext))
+                return await _h(cmd, conn)  # type: ignore[no-any-return]
+
+            broker.server.handlers[code] = spy
+        for code, fast in list(broker.server._fast_paths.items()):
+
+            def fast_spy(cmd: RemotingCommand, conn: Connection, _f: Any = fast) -> Any:
+                seen.append((cmd.code, cmd.ext))
+                return _f(cmd, conn)
+
+            broker.server._fast_paths[code] = fast_spy
+        addr = broker.address
+        answers = 0
+        refused = 0
+        for code in RequestCode:
+            for name in dict.fromkeys([*documented.get(code, []), "topic"]):
+                r = await rc.invoke(addr, RemotingCommand.request(code, {name: huge}), 10)
+                answers += 1
+                assert len(r.remark or "") <= 600, (code.name, name, len(r.remark or ""))
+                if r.code != ResponseCode.SUCCESS:
+                    assert r.remark, (code.name, name, r.code)
+            r = await rc.invoke(addr, RemotingCommand.request(code, {}, huge.encode()), 10)
+            assert len(r.remark or "") <= 600, (code.name, "body")
+            for name, ext, body in out_of_range_cases(code):
+                seen.clear()
+                r = await rc.invoke(addr, RemotingCommand.request(code, ext, body), 10)
+                assert r.code == ResponseCode.SYSTEM_ERROR, (code.name, name, r.code, r.remark)
+                assert f"{name}" in (r.remark or "") and "is outside the range of a Java" in (r.remark or "")
+                await rc.invoke_oneway(addr, RemotingCommand.request(code, ext, body, oneway=True))
+                assert not seen, (code.name, name, seen)  # refused before any handler ran
+                refused += 1
+            assert (await rc.invoke(addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 10)).ok
+        assert refused > 100 and answers > 100
+        assert broker.server.field_range_errors == {False: refused, True: refused}
+        listing = "\n".join(crashes[:20])
+        assert not crashes, f"handlers raised on huge or out-of-range values:\n{listing}"
+        if known:
+            warnings.warn(f"{len(known)} known handler bugs hit, e.g. {known[0]}", stacklevel=1)
+        print(f"sweep: {len(RequestCode)} codes, {answers} huge-field requests, {refused} out-of-range requests "
+              f"(and as many oneway ones, dropped)")

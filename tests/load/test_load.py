@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -250,11 +251,21 @@ FLOW_ENV = {
 
 @pytest.fixture
 def broker_proc(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    with broker_process(tmp_path, FLOW_ENV) as started:
+        yield started
+
+
+@contextmanager
+def broker_process(tmp_path: Path, settings: dict[str, str],
+                   argv: list[str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """``trimq-broker`` (or ``argv``) as a subprocess with ``settings`` (TRIMQ_* variables) and nothing else
+    from the environment's TRIMQ_*; yields the process, its address and its log file."""
     store = tmp_path / "store"
     log = tmp_path / "broker.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")} | FLOW_ENV
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")} | settings
+    command = argv or [str(Path(sys.executable).parent / "trimq-broker")]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "trimq-broker"), "--listen", "127.0.0.1:0",
+        proc = subprocess.Popen([*command, "--listen", "127.0.0.1:0",
                                  "--store", str(store), "--log-format", "json", "--log-level", "warning"],
                                 stdout=out, stderr=out, env=env)
     try:
@@ -387,3 +398,137 @@ async def test_flow_control_bounds_unsent_bytes_and_answers_system_busy() -> Non
             await trio.sleep(0.01)
         assert server.pending_write_bytes == 0
         server.shutdown()
+
+
+# ------------------------------------------------------------------------ many peers that never read, small answers
+
+SMALL_BODY = 3 * 1024  # four of them make a pull answer of ~12.5 KiB: under busy_body_bytes, so never SYSTEM_BUSY
+N_SILENT = 16
+SILENT_PULLS = 1000  # per peer: ~12 MiB of answers asked for, 200 MiB in all
+SILENT_ENV = {
+    "TRIMQ_MAX_PENDING_WRITE_BYTES": str(4 * MIB),
+    "TRIMQ_MAX_TOTAL_PENDING_WRITE_BYTES": str(8 * MIB),
+    "TRIMQ_MAX_WRITE_STALL_MS": "3000",
+}
+#: RSS growth allowed while they are paused: the 8 MiB budget plus a frame, 16 KiB and a 16 KiB slice of decoded
+#: requests per peer, and the allocator's slack. Without the one budget each peer held its own 4 MiB (64 MiB).
+SILENT_RSS_BOUND = 40 * MIB
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def scrape(port: int, name: str) -> float:
+    """One sample of the broker's metrics endpoint (the sum over labels of ``name``)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    total = 0.0
+    for line in data.decode().splitlines():
+        if line.startswith(name):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def flood_and_measure(tmp_path: Path, settings: dict[str, str], argv: list[str] | None = None,
+                            until_closed: bool = True) -> dict[str, Any]:
+    """16 peers pipeline pulls with small answers and never read while a 17th reads; returns the broker's RSS
+    growth, what the reader saw, and how many peers the broker closed (when ``until_closed``, after waiting for
+    all of them to be closed, else after a fixed 6 s)."""
+    metrics_port = free_port()
+    with broker_process(tmp_path, settings | {"TRIMQ_METRICS_PORT": str(metrics_port)}, argv) as (proc, addr, log):
+        ps = psutil.Process(proc.pid)
+        ensure_fds(200)
+        with trio.fail_after(60):
+            producer = await RawConn.open(addr)
+            for i in range(8):
+                r = await producer.call(RC.SEND_MESSAGE, send_ext("SmallPulls", 0), bytes([65 + i]) * SMALL_BODY)
+                assert r.code == ResponseCode.SUCCESS, r
+            await producer.aclose()
+            healthy = await RawConn.open(addr)
+            r = await healthy.call(RC.PULL_MESSAGE, pull_ext("SmallPulls", 0, 0, max_nums=4))
+            assert r.code == ResponseCode.SUCCESS and 10 * 1024 < len(r.body) < 16 * 1024, r
+            await trio.sleep(0.5)
+            baseline = peak = ps.memory_info().rss
+            served: list[int] = []
+            closed_peers = 0
+            stop = trio.Event()
+
+            async def watch_rss() -> None:
+                nonlocal peak
+                while not stop.is_set():
+                    peak = max(peak, ps.memory_info().rss)
+                    await trio.sleep(0.02)
+
+            async def silent_peer() -> None:
+                nonlocal closed_peers
+                c = await RawConn.open(addr)
+                data = b"".join(c.frame(RC.PULL_MESSAGE, pull_ext("SmallPulls", 0, i % 4, max_nums=4))[1]
+                                for i in range(SILENT_PULLS))
+                try:
+                    with trio.move_on_after(5):  # the broker stops reading a paused peer: TCP pushes back
+                        await c.stream.send_all(data)
+                    await stop.wait()  # never read until the end
+                    with trio.move_on_after(5):
+                        while await c.stream.receive_some(1024 * 1024):
+                            pass  # what the kernel still holds, then EOF: the broker closed us
+                        closed_peers += 1
+                except trio.BrokenResourceError:
+                    closed_peers += 1  # reset by the broker
+                finally:
+                    await c.aclose()
+
+            async def reader() -> None:
+                i = 0
+                while not stop.is_set():
+                    r = await healthy.call(RC.GET_MAX_OFFSET, {"topic": "SmallPulls", "queueId": 0})
+                    assert r.code == ResponseCode.SUCCESS, r
+                    r = await healthy.call(RC.PULL_MESSAGE, pull_ext("SmallPulls", 0, i % 4, max_nums=4))
+                    assert r.code == ResponseCode.SUCCESS, r
+                    served.append(i)
+                    i += 1
+                    await trio.sleep(0.02)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch_rss)
+                nursery.start_soon(reader)
+                for _ in range(N_SILENT):
+                    nursery.start_soon(silent_peer)
+                if until_closed:
+                    stalled = 'trimq_connections_closed_total{reason="write_stalled"}'
+                    while await scrape(metrics_port, stalled) < N_SILENT:
+                        await trio.sleep(0.2)
+                else:
+                    await trio.sleep(6)
+                paused_rounds = len(served)
+                stop.set()
+            pending_after = await scrape(metrics_port, "trimq_pending_write_bytes")
+        alive = proc.poll() is None
+    return {"baseline": baseline, "growth": peak - baseline, "served": len(served), "paused_rounds": paused_rounds,
+            "closed_peers": closed_peers, "pending_after": pending_after, "alive": alive,
+            "log": log.read_text() if log.exists() else ""}
+
+
+async def test_sixteen_peers_that_never_read_small_answers_stay_within_one_budget(tmp_path: Path) -> None:
+    """Small answers (pulls of ~12.5 KiB, under busy_body_bytes) count against the one answer budget: 16 peers
+    that pipeline 1000 pulls each and never read are paused once the broker holds 8 MiB unsent, so its RSS grows
+    by less than SILENT_RSS_BOUND (docs/OPERATIONS.md "Memory"); a peer that reads is served meanwhile; the
+    paused peers are closed after max_write_stall_ms (3 s here) and their answers freed."""
+    got = await flood_and_measure(tmp_path, SILENT_ENV)
+    print(f"\n{N_SILENT} peers that never read, small answers: broker RSS baseline {got['baseline'] / MIB:.0f} MiB, "
+          f"growth {got['growth'] / MIB:.1f} MiB (bound {SILENT_RSS_BOUND / MIB:.0f} MiB); reader served "
+          f"{got['served']} rounds; {got['closed_peers']} peers closed by the broker")
+    assert got["alive"], "the broker died"
+    assert got["growth"] < SILENT_RSS_BOUND, f"the broker grew by {got['growth'] / MIB:.0f} MiB"
+    assert got["paused_rounds"] > 0 and got["served"] > 0
+    assert got["closed_peers"] == N_SILENT
+    assert got["pending_after"] == 0
+    assert "connection.write_stalled" in got["log"]

@@ -238,6 +238,9 @@ class ConsumeQueue:
         back. (RocketMQ looks only in the first file and keeps the old value when no unit there qualifies.)
         """
         lo, hi = self.min_offset, self.max_offset
+        first = self.get_unit(lo)
+        if first is not None and first[0] >= min_phys_offset and first != (0, 0x7FFFFFFF, 0):
+            return  # the common case on every pass: nothing of this queue was deleted
         while lo < hi:
             mid = (lo + hi) // 2
             unit = self.get_unit(mid)

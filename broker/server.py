@@ -27,8 +27,8 @@ against the same two budgets: it waits, before it is encoded, while its connecti
 ``max_pending_write_bytes`` unsent or while the server has more than ``max_total_pending_write_bytes``
 unsent and this peer is itself behind (``busy_body_bytes`` or more unsent); a connection in that state is
 *paused* (its requests are not read). So all peers that never read together cost the broker about
-``max_total_pending_write_bytes`` plus a frame each, and peers that read keep being served; a paused peer
-whose answers make no progress is closed after ``write_stall_timeout_s``.
+``max_total_pending_write_bytes`` plus ``busy_body_bytes`` and a frame each, and peers that read keep being
+served; a paused peer whose answers make no progress is closed after ``write_stall_timeout_s``.
 """
 
 from __future__ import annotations
@@ -826,6 +826,6 @@ def _set_nodelay(stream: Any) -> None:
             pass
 
 
-__all__ = ["DEFERRED", "Authorizer", "Connection", "ConnectionClosedError", "Deferred", "FastPath", "Handler",
-           "RemotingServer", "RequestError",
+__all__ = ["DEFERRED", "MAX_REMARK_CHARS", "Authorizer", "Connection", "ConnectionClosedError", "Deferred",
+           "FastPath", "Handler", "RemotingServer", "RequestError", "bounded_remark",
            "server_ssl_context", "tls_listeners"]

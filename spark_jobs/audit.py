@@ -394,9 +394,9 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
                 spark.read.parquet(str(out / "throughput")).where(F.col("topic").isin(top_topics))
                 .select("topic", "minute_ms", "messages").collect()
             )
-            for r in minute_rows:
-                k = (r["topic"], r["minute_ms"] // bucket_ms * bucket_ms)
-                chart[k] = chart.get(k, 0) + int(r["messages"])
+            for mr in minute_rows:
+                k = (mr["topic"], mr["minute_ms"] // bucket_ms * bucket_ms)
+                chart[k] = chart.get(k, 0) + int(mr["messages"])
         chart_rows = [{"topic": t, "minute_ms": m, "messages": c} for (t, m), c in sorted(chart.items())]
         _write_small(lag_rows, _LAG_SCHEMA, out / "lag")
         outputs["lag"] = str(out / "lag")

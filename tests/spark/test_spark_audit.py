@@ -145,3 +145,69 @@ def test_cli_runs_a_windowed_audit_in_its_own_jvm(tmp_path: Path) -> None:
     usage = subprocess.run([str(AUDIT_BIN), "--store", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")],
                            cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2 and "not a directory" in usage.stderr
+
+
+def test_planted_consume_queue_and_lineage_gaps(spark, tmp_path: Path) -> None:
+    """(a) a record whose own unit is missing while another queue's wrong unit points at it; (b) retries
+    linked by the unique key: RocketMQ 4.9.3's client fallback (no ORIGIN_MESSAGE_ID, the original's
+    properties and UNIQ_KEY) and ORIGIN_MESSAGE_ID = UNIQ_KEY; (c) a retry whose original is missing,
+    next to one whose original's segment was deleted by retention (not a defect)."""
+    from audit_stores import STORE_HOST, StoreBuilder, _order_traffic
+
+    from trimq.protocol.message import MessageConst as MC
+    from trimq.protocol.record import message_id
+    from trimq.protocol.validation import SCHEDULE_TOPIC, retry_topic
+
+    b = StoreBuilder(tmp_path / "store", segment_size=4096, cq_units_per_file=8)
+    early = b.store("Orders", b"early", queue_id=0, keys="order-0")
+    _order_traffic(b, 48)  # fills segment 0, which is deleted below
+    b.send_back(early, GROUP)  # ORIGIN_MESSAGE_ID -> a record of the deleted segment
+
+    def client_fallback(msg):
+        """DefaultMQPushConsumerImpl.sendMessageBack when the RPC fails: the original's whole property map
+        (its UNIQ_KEY, no ORIGIN_MESSAGE_ID) plus RETRY_TOPIC etc., sent with delay level 3."""
+        props = dict(msg.properties)
+        props.update({MC.RETRY_TOPIC: msg.topic, MC.RECONSUME_TIME: "1", MC.MAX_RECONSUME_TIMES: "16"})
+        sched = {**props, MC.DELAY_TIME_LEVEL: "3", MC.REAL_TOPIC: retry_topic(GROUP), MC.REAL_QUEUE_ID: "0"}
+        b.store(SCHEDULE_TOPIC, msg.body, queue_id=2, properties=sched, reconsume_times=0)
+        return b.store(retry_topic(GROUP), msg.body, queue_id=0, properties=props, reconsume_times=1)
+
+    orig1 = b.store("Orders", b"o1", queue_id=1, keys="order-1", properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U1"})
+    client_fallback(orig1)
+    orig2 = b.store("Orders", b"o2", queue_id=2, keys="order-2", properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U2"})
+    b.store(retry_topic(GROUP), b"o2", queue_id=0, reconsume_times=1, born_timestamp=orig2.born_timestamp,
+            properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U2", MC.ORIGIN_MESSAGE_ID: "U2", MC.RETRY_TOPIC: "Orders"})
+    ghost = message_id(STORE_HOST, orig2.physical_offset + 1)  # inside the store, no record starts there
+    lost = b.store(retry_topic(GROUP), b"lost", queue_id=0, reconsume_times=1,
+                   properties={MC.ORIGIN_MESSAGE_ID: ghost, MC.RETRY_TOPIC: "Orders"})
+    # (a): Payments q1's record loses its unit; Payments q0's unit for `other` points at it instead.
+    mine = b.store("Payments", b"mine", queue_id=1)
+    other = b.store("Payments", b"other", queue_id=0)
+    del b.units[("Payments", 1)][mine.queue_offset]
+    b.units[("Payments", 0)][other.queue_offset] = (mine.physical_offset, mine.size, 0)
+    _order_traffic(b, 6)
+    b.close()
+    (tmp_path / "store" / "commitlog" / f"{0:020d}").unlink()  # retention removed the first segment
+
+    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT))
+    counts = _counts(summary)
+    assert counts["consume_queue"] == {"unit_mismatch": 1, "missing_unit": 2}
+    assert counts["retry_lineage"] == {"retry_without_origin": 1}
+    assert {k: v for k, v in counts.items() if k not in ("consume_queue", "retry_lineage")} == {
+        "integrity": {}, "offsets": {}, "key_queues": {}, "born_order": {}, "consumer_offsets": {},
+        "dead_letters": {}}
+    assert summary["exit_code"] == 1 and summary["defects"] == 4
+    ex = summary["checks"]
+    missing = sorted(e["physical_offset"] for e in ex["consume_queue"]["examples"] if e["kind"] == "missing_unit")
+    assert missing == sorted([mine.physical_offset, other.physical_offset])
+    [mis] = [e for e in ex["consume_queue"]["examples"] if e["kind"] == "unit_mismatch"]
+    assert (mis["queue_id"], mis["physical_offset"]) == (0, mine.physical_offset)
+    [gone] = ex["retry_lineage"]["examples"]
+    assert (gone["physical_offset"], gone["group"]) == (lost.physical_offset, GROUP)
+    assert gone["detail"]["origin_message_id"] == ghost and gone["detail"]["reference"] == "offset_id"
+    chains = {c["origin"]: c for c in spark.read.parquet(str(tmp_path / "out" / "lineage")).collect()}
+    assert chains[orig1.msg_id]["origin_topic"] == "Orders" and chains[orig1.msg_id]["retries"] == 1
+    assert [s["stage"] for s in chains[orig1.msg_id]["steps"]] == ["scheduled", "retry"]
+    assert chains[orig2.msg_id]["origin_queue_offset"] == orig2.queue_offset
+    assert chains[early.msg_id]["origin_queue_id"] is None  # its segment is gone: no finding
+    assert summary["lineage"]["chains"] == 4

@@ -162,7 +162,7 @@ def start_server(workdir: str, args: Any) -> Any:
 
 
 def _quiet_logs() -> None:
-    from trimq.protocol.logs import configure_logging
+    from trimq.runtime.logs import configure_logging
 
     configure_logging("json", "warning")
 
@@ -195,7 +195,7 @@ async def _setup_trio(args: Any) -> None:
     import trio
 
     from trimq.client.api import MQClientAPI
-    from trimq.client.remoting import RemotingClient
+    from trimq.runtime.client import RemotingClient
 
     _quiet_logs()
     addr = broker_addr(args)

@@ -40,9 +40,9 @@ from typing import Any
 
 import trio
 
-from trimq.client.remoting import RemotingClient
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.runtime.client import RemotingClient
 
 QUEUES = 4
 TOPIC = "Bench"

@@ -354,7 +354,7 @@ def _fenced_updates(args: argparse.Namespace) -> int | None:
 
     async def ask() -> int:
         from trimq.client.api import MQClientAPI
-        from trimq.client.remoting import RemotingClient
+        from trimq.runtime.client import RemotingClient
 
         async with RemotingClient() as rc:
             body = await MQClientAPI(rc).get_lock_table(peer_trimq.broker_addr(args), peer_trimq.GROUP,
@@ -590,8 +590,8 @@ async def _renew_load(args: argparse.Namespace) -> None:
     import trio
 
     from trimq.client.api import ConsumerData, HeartbeatData, MQClientAPI
-    from trimq.client.remoting import RemotingClient
     from trimq.protocol.message_queue import MessageQueue
+    from trimq.runtime.client import RemotingClient
 
     peer_trimq._quiet_logs()
     addr = peer_trimq.broker_addr(args)

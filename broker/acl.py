@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trimq.broker.config import ConfigError
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, code_name
 from trimq.protocol.command import RemotingCommand
@@ -38,6 +37,7 @@ from trimq.protocol.signature import (
     sign_command,
 )
 from trimq.protocol.validation import RETRY_GROUP_TOPIC_PREFIX
+from trimq.runtime.settings import ConfigError
 
 # RocketMQ's Permission bits.
 DENY = 1

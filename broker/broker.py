@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from trimq.broker.acl import AccessValidator, load_acl
-from trimq.broker.config import BrokerConfig, ConfigError
+from trimq.broker.config import BrokerConfig
 from trimq.broker.consumers import ConsumerManager
 from trimq.broker.locks import RebalanceLockManager
 from trimq.broker.long_polling import LongPolling
@@ -34,7 +34,6 @@ from trimq.broker.processors.register import RegisterService, advertised_host
 from trimq.broker.processors.retry import RetryService
 from trimq.broker.processors.send import SendService
 from trimq.broker.processors.subscription_group import SubscriptionGroupService
-from trimq.broker.server import RemotingServer, server_ssl_context, tls_listeners
 from trimq.broker.services import BrokerService
 from trimq.broker.store.message_store import RECLAIM_SETTINGS, MessageStore, StoreConfig
 from trimq.broker.store.offsets import ConsumerOffsetManager, offset_file_path
@@ -42,7 +41,10 @@ from trimq.broker.store.schedule import ScheduleMessageService
 from trimq.broker.store.subscription_groups import SubscriptionGroupManager
 from trimq.broker.store.topics import TopicConfigManager
 from trimq.protocol.address import format_address, parse_address
-from trimq.protocol.logs import get_logger
+from trimq.runtime.logs import get_logger
+from trimq.runtime.server import RemotingServer
+from trimq.runtime.settings import ConfigError
+from trimq.runtime.tls import server_ssl_context, tls_listeners
 
 log = get_logger("trimq.broker")
 

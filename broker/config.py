@@ -6,21 +6,11 @@ An invalid value raises ConfigError naming the setting, the value and what is al
 
 from __future__ import annotations
 
-import os
-import tomllib
 from dataclasses import dataclass
-from typing import Any
 
 from trimq.protocol.address import parse_address
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
-from trimq.protocol.settings import (  # noqa: F401  (re-exported: the daemons' settings API)
-    CONFIG_SECTIONS,
-    ConfigError,
-    build_settings,
-    describe_settings,
-    setting,
-    validate_dataclass,
-)
+from trimq.runtime.settings import ConfigError, setting, validate_dataclass
 
 
 @dataclass
@@ -231,23 +221,3 @@ class BrokerConfig:
     @property
     def namesrv_addrs(self) -> list[str]:
         return [a for a in self.namesrv_addr.split(";") if a]
-
-
-def read_toml(path: str) -> dict[str, Any]:
-    """A TOML file's document; ConfigError saying why it cannot be read."""
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-
-
-def load_settings(cls: type[Any], *, config_file: str | None = None, env_prefix: str = "TRIMQ_",
-                  overrides: dict[str, Any] | None = None, section: str | None = None) -> Any:
-    """Build a settings dataclass from defaults < TOML file < environment < ``overrides`` (flags), validated
-    (protocol.settings.build_settings has the rules)."""
-    return build_settings(cls, file_data=read_toml(config_file) if config_file else None,
-                          file_name=config_file or "", environ=os.environ, env_prefix=env_prefix,
-                          overrides=overrides, section=section)

@@ -34,11 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trimq.protocol.logs import get_logger
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic
+from trimq.runtime.logs import get_logger
 
 if TYPE_CHECKING:
-    from trimq.broker.server import Connection
+    from trimq.runtime.server import Connection
 
 log = get_logger("trimq.broker.consumers")
 

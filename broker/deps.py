@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from trimq.broker.server import Connection, FastPath, Handler
 from trimq.broker.store.message_store import ArrivalListener, GetMessageResult, PutResult
 from trimq.broker.store.offsets import QueueProgress
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.message import MessageExt
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.server import Connection, FastPath, Handler
 
 __all__ = [
     "AddressSource",

@@ -23,10 +23,10 @@ import trio
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trimq.protocol.codes import code_name
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
-from trimq.protocol.metrics_http import serve_metrics
 from trimq.protocol.validation import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.runtime.metrics_http import serve_metrics
+from trimq.runtime.rpc_metrics import RpcMetrics
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -39,17 +39,16 @@ if TYPE_CHECKING:
     from trimq.broker.processors.pull import PullService
     from trimq.broker.processors.retry import RetryService
     from trimq.broker.processors.send import SendService
-    from trimq.broker.server import RemotingServer
     from trimq.broker.store.message_store import MessageStore
     from trimq.broker.store.offsets import ConsumerOffsetManager
     from trimq.broker.store.schedule import ScheduleMessageService
     from trimq.broker.store.topics import TopicConfigManager
+    from trimq.runtime.server import RemotingServer
 
 log = get_logger("trimq.metrics")
 
-__all__ = ["METRICS", "RPC_BUCKETS", "STORE_BUCKETS", "BrokerCollector", "BrokerMetrics", "RpcMetrics"]
+__all__ = ["METRICS", "STORE_BUCKETS", "BrokerCollector", "BrokerMetrics"]
 
-RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0)
 STORE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                  1.0, 2.5, 5.0)
 
@@ -123,41 +122,6 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "trimq_long_polling_requests_held": ("gauge", "", "pulls currently held waiting for messages"),
     "trimq_long_polling_queues": ("gauge", "", "queues with at least one held pull"),
 }
-
-
-class RpcMetrics:
-    """``trimq_rpc_latency_seconds{request_code, response_code}``, fed by ``RemotingServer.observe``.
-
-    The label children are cached per (request, response) code pair, so a request costs a dict lookup and
-    one histogram observation. Request codes nobody handles are labelled ``other``: clients choose them, and
-    a label per unknown number would let one client grow the registry without bound.
-    """
-
-    def __init__(self, registry: CollectorRegistry, server: RemotingServer) -> None:
-        self.server = server
-        self.histogram = Histogram("trimq_rpc_latency_seconds", "Time to handle one request",
-                                   ["request_code", "response_code"], registry=registry, buckets=RPC_BUCKETS)
-        self._children: dict[tuple[int, int], Any] = {}
-        previous = server.observe
-
-        def observe(request_code: int, response_code: int, seconds: float) -> None:
-            self.observe(request_code, response_code, seconds)
-            if previous is not None:
-                previous(request_code, response_code, seconds)
-
-        server.observe = observe if previous is not None else self.observe
-
-    def observe(self, request_code: int, response_code: int, seconds: float) -> None:
-        key = (request_code, response_code)
-        child = self._children.get(key)
-        if child is None:
-            req = code_name(request_code, response=False) if request_code in self.server.handlers else "other"
-            resp = code_name(response_code, response=True)  # 0 (SUCCESS) for oneway requests too
-            if len(self._children) < 10_000:
-                child = self._children[key] = self.histogram.labels(req, resp)
-            else:
-                child = self.histogram.labels(req, resp)
-        child.observe(seconds)
 
 
 def _counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMetricFamily:

@@ -64,11 +64,11 @@ from trimq.client.admin_results import (
 from trimq.client.api import MQClientAPI, PullStatus
 from trimq.client.config import ClientConfig
 from trimq.client.errors import MQBrokerError, MQClientError, TopicNotExistError, TrimqClientError
-from trimq.client.remoting import RemotingClient, RemotingError
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.message import MessageConst
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import dlq_topic
+from trimq.runtime.client import RemotingClient, RemotingError
 
 __all__ = ["Admin", "AdminError", "BrokerNotNamedError", "PartialFailure", "open_admin"]
 
@@ -597,7 +597,7 @@ async def open_admin(config: ClientConfig | str, *, timeout_ms: int = 5000) -> A
         config = ClientConfig(namesrv_addr=config)
     ssl_context = None
     if config.tls_enable:
-        from trimq.client.tls import client_ssl_context
+        from trimq.runtime.tls import client_ssl_context
 
         ssl_context = client_ssl_context(config.tls_ca_file or None, config.tls_cert_file or None,
                                          config.tls_key_file or None)

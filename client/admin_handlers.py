@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from trimq.client.offset_store import LocalFileOffsetStore
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
-from trimq.protocol.logs import get_logger
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.logs import get_logger
 
 if TYPE_CHECKING:
     from trimq.client.instance import ClientInstance

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trimq.client.errors import MQClientError, broker_error
-from trimq.client.remoting import RemotingClient
 from trimq.protocol.address import format_address
 from trimq.protocol.codes import RequestCode, ResponseCode, code_name
 from trimq.protocol.command import RemotingCommand
@@ -29,6 +28,7 @@ from trimq.protocol.errors import RecordError
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.record import RecordDecoder, decode_record, parse_message_id
+from trimq.runtime.client import RemotingClient
 
 __all__ = [
     "PERM_INHERIT",

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trimq.protocol.address import parse_address
-from trimq.protocol.settings import ConfigError, build_settings, setting, validate_dataclass
 from trimq.protocol.validation import InvalidNameError, check_group
+from trimq.runtime.settings import ConfigError, build_settings, setting, validate_dataclass
 
 __all__ = [
     "CONSUME_FROM_WHERE_VALUES",

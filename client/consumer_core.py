@@ -44,9 +44,9 @@ from trimq.client.pull import ConsumeService, PullService
 from trimq.client.rebalance.impl import RebalanceImpl
 from trimq.client.rebalance.strategies import AllocateStrategy, get_strategy
 from trimq.client.subscription import SubscriptionData, build_subscription_data
-from trimq.protocol.logs import get_logger
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import check_topic, retry_topic
+from trimq.runtime.logs import get_logger
 
 __all__ = ["ConsumerCore"]
 

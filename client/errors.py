@@ -3,7 +3,7 @@
 Two families, as in RocketMQ: :class:`MQClientError` for problems found on this side (bad input, no route,
 every retry failed) and :class:`MQBrokerError` for a broker or name server that answered with an error
 code. Both derive from :class:`TrimqClientError`. Transport failures (connect, timeout) are the
-``trimq.client.remoting`` errors (:class:`RemotingError` and its subclasses), re-exported here.
+``trimq.runtime.client`` errors (:class:`RemotingError` and its subclasses), re-exported here.
 
 Every error says what failed in words; broker errors also carry the response ``code``, its ``remark`` and
 the ``addr`` that answered.
@@ -11,8 +11,8 @@ the ``addr`` that answered.
 
 from __future__ import annotations
 
-from trimq.client.remoting import RemotingClosedError, RemotingConnectError, RemotingError, RemotingTimeoutError
 from trimq.protocol.codes import ResponseCode, code_name
+from trimq.runtime.client import RemotingClosedError, RemotingConnectError, RemotingError, RemotingTimeoutError
 
 __all__ = [
     "BrokerNotFoundError",

@@ -59,13 +59,13 @@ from trimq.client.errors import (
     NoNameServerError,
     TopicNotExistError,
 )
-from trimq.client.remoting import RemotingClient, RemotingError
 from trimq.client.subscription import SubscriptionData
 from trimq.protocol.codes import RequestCode
 from trimq.protocol.command import RemotingCommand
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import is_retry_topic
+from trimq.runtime.client import RemotingClient, RemotingError
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = [
     "DEFAULT_LEASE_MS",
@@ -206,7 +206,7 @@ class ClientInstance:
         self.config = (config or ClientConfig()).client_settings()
         self._own_remoting = remoting is None
         if ssl_context is None and self.config.tls_enable:
-            from trimq.client.tls import client_ssl_context
+            from trimq.runtime.tls import client_ssl_context
 
             ssl_context = client_ssl_context(self.config.tls_ca_file or None, self.config.tls_cert_file or None,
                                              self.config.tls_key_file or None)

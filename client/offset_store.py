@@ -31,9 +31,9 @@ import trio
 
 from trimq.client.api import MQClientAPI
 from trimq.client.errors import MQBrokerError, MQClientError, NoPermissionError, OffsetNotFoundError
-from trimq.client.remoting import RemotingError
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.client import RemotingError
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = [
     "LocalFileOffsetStore",

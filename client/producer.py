@@ -47,10 +47,8 @@ from trimq.client.errors import (
     SendFailedError,
 )
 from trimq.client.instance import ClientInstance, TopicPublishInfo
-from trimq.client.remoting import RemotingError
 from trimq.client.selectors import MessageQueueSelector
 from trimq.protocol.codes import ResponseCode
-from trimq.protocol.logs import get_logger
 from trimq.protocol.message import (
     MAX_PROPERTIES_BYTES,
     Message,
@@ -60,6 +58,8 @@ from trimq.protocol.message import (
 )
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic, is_retry_topic
+from trimq.runtime.client import RemotingError
+from trimq.runtime.logs import get_logger
 
 __all__ = ["Producer", "UniqIdGenerator", "validate_message"]
 

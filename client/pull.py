@@ -33,10 +33,10 @@ from trimq.client.errors import MQBrokerError, MQClientError, OffsetUnavailableE
 from trimq.client.offset_store import READ_FROM_MEMORY, OffsetStore
 from trimq.client.process_queue import ProcessQueue
 from trimq.client.rebalance.impl import PullRequest, RebalanceClient, RebalanceImpl
-from trimq.client.remoting import RemotingError
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message import MessageExt
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.client import RemotingError
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = ["OFFSET_ILLEGAL_DELAY_MS", "ConsumeService", "PullService", "flow_control_reason"]
 

@@ -54,10 +54,10 @@ from trimq.client.rebalance.strategies import AllocateStrategy
 from trimq.client.subscription import build_subscription_data
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
-from trimq.protocol.logs import get_logger
 from trimq.protocol.message import MessageExt
 from trimq.protocol.message_queue import MessageQueue
-from trimq.protocol.metrics_http import serve_metrics
+from trimq.runtime.logs import get_logger
+from trimq.runtime.metrics_http import serve_metrics
 
 __all__ = ["PushConsumer"]
 

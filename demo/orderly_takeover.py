@@ -23,7 +23,7 @@ import trio
 
 from trimq.client import ConsumeOrderlyStatus, Message, Producer, PushConsumer
 from trimq.client.selectors import select_by_hash
-from trimq.protocol.logs import configure_logging
+from trimq.runtime.logs import configure_logging
 from trimq.testing import open_broker
 
 TOPIC = "DemoOrders"

@@ -28,8 +28,8 @@ from trimq.client.admin import Admin, AdminError, BrokerNotNamedError, PartialFa
 from trimq.client.admin_results import BrokerFailure, StoredMessage, to_document
 from trimq.client.config import ClientConfig, ConfigError
 from trimq.client.errors import TrimqClientError
-from trimq.client.remoting import RemotingError
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic
+from trimq.runtime.client import RemotingError
 from trimq.tools import admin_format as fmt
 from trimq.tools.admin_allocate import allocate_command
 from trimq.tools.common import CONTEXT, leaf, version_option
@@ -70,7 +70,7 @@ R = Any  # an operation's typed result (trimq.client.admin_results)
 def _run(op: Callable[[Admin], Awaitable[R]], render: Callable[[dict[str, Any]], str], warn: str | None = None) -> None:
     """Run ``op`` against the cluster and print its result (JSON, or ``render`` of its document); brokers
     that did not answer are warned about on stderr (``warn`` names what was asked); errors exit 1."""
-    from trimq.client.tls import TlsConfigError
+    from trimq.runtime.tls import TlsConfigError
 
     opts: CliOptions = click.get_current_context().find_object(CliOptions)  # type: ignore[assignment]
     if not opts.namesrv:
@@ -135,7 +135,7 @@ def main(ctx: click.Context, namesrv: str | None, as_json: bool, timeout_ms: int
 
     Tables for people, --json for scripts; errors on stderr with exit status 1 (2 for usage errors).
     """
-    from trimq.protocol.logs import configure_logging
+    from trimq.runtime.logs import configure_logging
 
     configure_logging("auto", os.environ.get("TRIMQ_ADMIN_LOG_LEVEL", "error"))
     ctx.obj = CliOptions(namesrv, as_json, timeout_ms, access_key, secret_key, tls, tls_ca_file)

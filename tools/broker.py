@@ -9,8 +9,9 @@ import sys
 import click
 import trio
 
-from trimq.broker.config import BrokerConfig, ConfigError, describe_settings, load_settings
-from trimq.protocol.logs import configure_logging
+from trimq.broker.config import BrokerConfig
+from trimq.runtime.logs import configure_logging
+from trimq.runtime.settings import ConfigError, describe_settings, load_settings
 from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, run_until_signalled, start_error, version_option
 
 

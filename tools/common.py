@@ -18,7 +18,7 @@ import trio
 import trimq
 from trimq.client.config import ConfigError, load_client_settings
 from trimq.client.errors import TrimqClientError
-from trimq.protocol.logs import get_logger
+from trimq.runtime.logs import get_logger
 
 __all__ = [
     "CONTEXT",

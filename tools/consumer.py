@@ -20,8 +20,8 @@ import click
 import trio
 
 from trimq.client.config import PushConsumerConfig
-from trimq.protocol.logs import configure_logging, get_logger
 from trimq.protocol.message import MessageExt
+from trimq.runtime.logs import configure_logging, get_logger
 from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, exit_on_error, fail, load_client_config, version_option
 from trimq.tools.records import RecordWriter, consumer_record, wall_ms
 

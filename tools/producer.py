@@ -19,8 +19,8 @@ import trio
 from trimq.client.admin import Admin
 from trimq.client.config import ProducerConfig
 from trimq.client.errors import InvalidMessageError
-from trimq.protocol.logs import configure_logging, get_logger
 from trimq.protocol.message import Message
+from trimq.runtime.logs import configure_logging, get_logger
 from trimq.tools.common import (
     CONTEXT,
     LOG_FORMATS,

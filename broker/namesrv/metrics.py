@@ -15,9 +15,9 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trimq.broker.metrics import RpcMetrics
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
-from trimq.protocol.metrics_http import serve_metrics
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.runtime.metrics_http import serve_metrics
+from trimq.runtime.rpc_metrics import RpcMetrics
 
 if TYPE_CHECKING:
     from trimq.broker.namesrv.service import NameServer

@@ -17,14 +17,15 @@ from typing import Any
 
 import trio
 
-from trimq.broker.config import setting, validate_dataclass
 from trimq.broker.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
-from trimq.broker.server import Connection, RemotingServer, RequestError, server_ssl_context
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
-from trimq.protocol.logs import get_logger
+from trimq.runtime.logs import get_logger
+from trimq.runtime.server import Connection, RemotingServer, RequestError
+from trimq.runtime.settings import setting, validate_dataclass
+from trimq.runtime.tls import server_ssl_context
 
 log = get_logger("trimq.namesrv")
 
@@ -55,13 +56,13 @@ class NamesrvConfig:
     def validate(self) -> NamesrvConfig:
         validate_dataclass(self)
         if self.tls_key_file and not self.tls_cert_file:
-            from trimq.broker.config import ConfigError
+            from trimq.runtime.settings import ConfigError
 
             raise ConfigError(f"tls_key_file = {self.tls_key_file!r}: needs tls_cert_file too")
         try:
             parse_address(self.listen)
         except ValueError as exc:
-            from trimq.broker.config import ConfigError
+            from trimq.runtime.settings import ConfigError
 
             raise ConfigError(f"listen = {self.listen!r}: {exc}") from None
         return self

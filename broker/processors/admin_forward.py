@@ -36,16 +36,16 @@ from trimq.broker.deps import (
     Topics,
 )
 from trimq.broker.processors.send import int_field, str_field
-from trimq.broker.server import ConnectionClosedError, RequestError
 from trimq.broker.services import HandlerService
 from trimq.protocol.codes import RequestCode, ResponseCode, code_name
 from trimq.protocol.command import RemotingCommand
-from trimq.protocol.logs import get_logger
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic
+from trimq.runtime.logs import get_logger
+from trimq.runtime.server import ConnectionClosedError, RequestError
 
 if TYPE_CHECKING:
-    from trimq.broker.server import Connection
+    from trimq.runtime.server import Connection
 
 log = get_logger("trimq.broker.admin_forward")
 

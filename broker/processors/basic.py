@@ -15,7 +15,7 @@ from trimq.protocol.codes import RequestCode
 from trimq.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:
-    from trimq.broker.server import Connection
+    from trimq.runtime.server import Connection
 
 
 class BasicService:

@@ -24,17 +24,17 @@ from trimq.broker.config import BrokerConfig
 from trimq.broker.consumers import ConsumerManager, parse_heartbeat
 from trimq.broker.deps import HandlerRegistry, QueueOffsets, SubscriptionGroups, Topics
 from trimq.broker.locks import RebalanceLockManager
-from trimq.broker.server import RequestError
 from trimq.broker.store.atomic import write_json_atomic
 from trimq.broker.store.offsets import ConsumerOffsetManager
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
-from trimq.protocol.logs import get_logger
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic, retry_topic
+from trimq.runtime.logs import get_logger
+from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
-    from trimq.broker.server import Connection
+    from trimq.runtime.server import Connection
 
 log = get_logger("trimq.broker.coordination")
 

@@ -1,7 +1,8 @@
 """Broker registration with the name servers (RocketMQ's BrokerOuterAPI.registerBrokerAll).
 
 Every ``register_broker_interval_ms`` (30 s) and soon after any topic change, the broker sends
-REGISTER_BROKER with its topic table to each ``namesrv_addr`` over a persistent connection, and registers
+REGISTER_BROKER with its topic table to each ``namesrv_addr`` over a persistent connection (the runtime's
+RemotingClient, the transport the SDK uses: a name server drops a broker whose connection closes), and registers
 in-process with the embedded name server when there is one. When the broker starts draining it sends
 UNREGISTER_BROKER, so clients stop getting routes to it at once.
 """
@@ -15,11 +16,12 @@ import trio
 
 from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import AddressSource, Draining, LocalNameServer, TopicTable
-from trimq.broker.outbound import OutboundClient, OutboundError
 from trimq.protocol.address import format_address, parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
-from trimq.protocol.logs import RateLimiter, get_logger
+from trimq.runtime.client import RemotingClient, RemotingError
+from trimq.runtime.logs import RateLimiter, get_logger
+from trimq.runtime.tls import client_ssl_context
 
 log = get_logger("trimq.register")
 
@@ -86,14 +88,14 @@ class RegisterService:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        oc_ctx = OutboundClient(max_frame_bytes=self.config.max_frame_bytes,
+        rc_ctx = RemotingClient(max_frame_bytes=self.config.max_frame_bytes, connect_timeout_s=REQUEST_TIMEOUT_S,
                                 ssl_context=namesrv_ssl_context(self.config))
-        async with oc_ctx as oc, trio.open_nursery() as nursery:
+        async with rc_ctx as rc, trio.open_nursery() as nursery:
             await self.started.wait()
-            nursery.start_soon(self._unregister_on_drain, oc)
+            nursery.start_soon(self._unregister_on_drain, rc)
             interval = self.config.register_broker_interval_ms / 1000
             while True:
-                await self.register_all(oc)
+                await self.register_all(rc)
                 with trio.move_on_after(interval):
                     await self._changed.wait()
                     await trio.sleep(TOPIC_CHANGE_DEBOUNCE_S)  # coalesce a burst of topic creations
@@ -102,7 +104,7 @@ class RegisterService:
     async def stop(self) -> None:
         pass
 
-    async def register_all(self, oc: OutboundClient) -> None:
+    async def register_all(self, rc: RemotingClient) -> None:
         """One registration round: the embedded name server, then every configured one (concurrently)."""
         if self.draining:
             return
@@ -110,7 +112,7 @@ class RegisterService:
         body = {"topicConfigTable": table, "dataVersion": version}
         async with trio.open_nursery() as nursery:
             for addr in self.config.namesrv_addrs:
-                nursery.start_soon(self._register_one, oc, addr, body)
+                nursery.start_soon(self._register_one, rc, addr, body)
         self.registrations += 1
         self.registered.set()
 
@@ -125,22 +127,22 @@ class RegisterService:
                               data_version=version)
         return table, version
 
-    async def _register_one(self, oc: OutboundClient, addr: str, body: dict[str, Any]) -> None:
+    async def _register_one(self, rc: RemotingClient, addr: str, body: dict[str, Any]) -> None:
         cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, self._ext(), body)
         try:
-            resp = await oc.request(addr, cmd, REQUEST_TIMEOUT_S)
-        except OutboundError as exc:
+            resp = await rc.invoke(addr, cmd, REQUEST_TIMEOUT_S)
+        except RemotingError as exc:
             if self._limiter.allow(addr, int(trio.current_time() * 1000)) is not None:
                 log.warning("register.failed", namesrv=addr, error=str(exc))
             return
         if resp.code != ResponseCode.SUCCESS:
             log.warning("register.refused", namesrv=addr, code=resp.code, remark=resp.remark)
 
-    async def _unregister_on_drain(self, oc: OutboundClient) -> None:
+    async def _unregister_on_drain(self, rc: RemotingClient) -> None:
         await self.server.wait_shutdown()
-        await self.unregister_all(oc)
+        await self.unregister_all(rc)
 
-    async def unregister_all(self, oc: OutboundClient) -> None:
+    async def unregister_all(self, rc: RemotingClient) -> None:
         self.draining = True
         if self.namesrv is not None:
             self.namesrv.unregister_local(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
@@ -148,23 +150,20 @@ class RegisterService:
         with trio.move_on_after(1.0):
             async with trio.open_nursery() as nursery:
                 for addr in self.config.namesrv_addrs:
-                    nursery.start_soon(self._unregister_one, oc, addr)
+                    nursery.start_soon(self._unregister_one, rc, addr)
 
-    async def _unregister_one(self, oc: OutboundClient, addr: str) -> None:
+    async def _unregister_one(self, rc: RemotingClient, addr: str) -> None:
         cmd = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, self._ext())
         try:
-            await oc.request(addr, cmd, 1.0)
+            await rc.invoke(addr, cmd, 1.0)
             log.info("register.unregistered", namesrv=addr)
-        except OutboundError as exc:
+        except RemotingError as exc:
             log.info("register.unregister_failed", namesrv=addr, error=str(exc))
 
 
 def namesrv_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
-    """The TLS context for talking to name servers when ``namesrv_tls`` is on (docs/SECURITY.md)."""
+    """The TLS context for talking to name servers when ``namesrv_tls`` is on (docs/SECURITY.md): verifying them
+    with ``tls_ca_file`` (the system CAs when empty), presenting ``tls_cert_file`` when set (mutual TLS)."""
     if not config.namesrv_tls:
         return None
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca_file or None)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if config.tls_cert_file:
-        ctx.load_cert_chain(config.tls_cert_file, config.tls_key_file or None)
-    return ctx
+    return client_ssl_context(config.tls_ca_file or None, config.tls_cert_file or None, config.tls_key_file or None)

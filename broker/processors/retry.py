@@ -35,14 +35,12 @@ import trio
 
 from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import DeadLetterStore, HandlerRegistry, SubscriptionGroups, Topics
-from trimq.broker.server import RequestError
 from trimq.broker.store.atomic import read_json, write_json_atomic
 from trimq.broker.store.message_store import get_property
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
-from trimq.protocol.logs import get_logger
 from trimq.protocol.message import MessageConst, MessageExt, decode_properties, encode_properties
 from trimq.protocol.record import parse_message_id
 from trimq.protocol.validation import (
@@ -53,9 +51,11 @@ from trimq.protocol.validation import (
     is_retry_topic,
     retry_topic,
 )
+from trimq.runtime.logs import get_logger
+from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
-    from trimq.broker.server import Connection
+    from trimq.runtime.server import Connection
 
 __all__ = [
     "DLQ_MSG_ID_PROPERTY",

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import HandlerRegistry, MessageWriter, SubscriptionGroups, Topics
 from trimq.broker.processors.retry import handle_retry_and_dlq
-from trimq.broker.server import RequestError
 from trimq.broker.services import HandlerService
 from trimq.broker.store.message_store import PutMessageStatus, PutResult
 from trimq.broker.store.topics import TopicConfig
@@ -25,9 +24,10 @@ from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import MAX_PROPERTIES_BYTES
 from trimq.protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic
+from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
-    from trimq.broker.server import Connection
+    from trimq.runtime.server import Connection
 
 __all__ = ["SendService", "int_field", "str_field"]
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trimq.broker.deps import HandlerRegistry, SubscriptionGroups
-from trimq.broker.server import RequestError
 from trimq.broker.services import HandlerService
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
-    from trimq.broker.server import Connection
+    from trimq.runtime.server import Connection
 
 __all__ = ["SubscriptionGroupService"]
 

@@ -32,7 +32,7 @@ import trio
 
 from trimq.broker.store.commitlog import CommitLog
 from trimq.broker.store.consume_queue import ConsumeQueue
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 log = get_logger("trimq.store.clean")
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trimq.protocol.logs import get_logger
+from trimq.runtime.logs import get_logger
 
 log = get_logger("trimq.store.index")
 

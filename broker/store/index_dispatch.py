@@ -34,7 +34,6 @@ import trio
 from trimq.broker.store.commitlog import CommitLog
 from trimq.broker.store.index import IndexService, QueryOffsetResult
 from trimq.protocol.errors import RecordError
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.record import (
     BLANK_MAGIC_CODE,
@@ -43,6 +42,7 @@ from trimq.protocol.record import (
     SYSFLAG_BORNHOST_V6,
     decode_record,
 )
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 log = get_logger("trimq.store.index")
 

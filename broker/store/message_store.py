@@ -51,10 +51,10 @@ from trimq.broker.store.index import DEFAULT_MAX_HASH_SLOT_NUM, DEFAULT_MAX_INDE
 from trimq.broker.store.index_dispatch import IndexDispatcher
 from trimq.broker.store.recovery import RecoveryReport, check_queue_tail, first_store_timestamp, scan_commit_log
 from trimq.protocol.errors import RecordError
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message import MAX_PROPERTIES_BYTES, MessageConst, MessageExt, decode_properties, encode_properties
 from trimq.protocol.record import decode_record
 from trimq.protocol.validation import InvalidNameError, check_topic
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 log = get_logger("trimq.store")
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 log = get_logger("trimq.broker.offsets")
 

@@ -51,10 +51,10 @@ import trio
 from trimq.broker.store.atomic import read_json, write_json_atomic
 from trimq.broker.store.consume_queue import UNIT
 from trimq.broker.store.delay_levels import DEFAULT, DelayLevelTable
-from trimq.protocol.logs import get_logger
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.record import SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK
 from trimq.protocol.validation import SCHEDULE_TOPIC
+from trimq.runtime.logs import get_logger
 
 __all__ = [
     "DELAY_FOR_A_PERIOD_S",

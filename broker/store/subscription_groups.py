@@ -25,8 +25,8 @@ from typing import Any
 import trio
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
-from trimq.protocol.logs import get_logger
 from trimq.protocol.validation import InvalidNameError, check_group
+from trimq.runtime.logs import get_logger
 
 __all__ = ["FILE_NAME", "SubscriptionGroupConfig", "SubscriptionGroupManager"]
 

@@ -17,8 +17,8 @@ from typing import Any
 import trio
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
-from trimq.protocol.logs import get_logger
 from trimq.protocol.validation import check_topic
+from trimq.runtime.logs import get_logger
 
 log = get_logger("trimq.topics")
 

@@ -42,12 +42,12 @@ from trimq.client.api import MQClientAPI
 from trimq.client.config import PushConsumerConfig
 from trimq.client.errors import MQBrokerError, MQClientError, NoRouteError
 from trimq.client.instance import TopicPublishInfo
-from trimq.client.remoting import RemotingError
 from trimq.protocol.address import format_address
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message import MessageConst, MessageExt, encode_properties
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import retry_topic
+from trimq.runtime.client import RemotingError
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = [
     "CONSUMER_SEND_BACK_TIMEOUT_MS",

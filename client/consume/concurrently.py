@@ -43,9 +43,9 @@ from trimq.client.consume.common import (
 )
 from trimq.client.errors import MQClientError
 from trimq.client.process_queue import ProcessQueue
-from trimq.protocol.logs import get_logger, log_rate_limited
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.logs import get_logger, log_rate_limited
 
 __all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "SEND_BACK_FAILED_RETRY_MS", "ConsumeMessageConcurrentlyService"]
 

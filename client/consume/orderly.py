@@ -70,9 +70,9 @@ from trimq.client.consume.common import (
 )
 from trimq.client.errors import MQClientError
 from trimq.client.process_queue import ProcessQueue
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = [
     "MIN_SHUTDOWN_WAIT_MS",

@@ -52,11 +52,11 @@ from trimq.client.errors import MQBrokerError, MQClientError, OffsetUnavailableE
 from trimq.client.offset_store import READ_FROM_STORE, OffsetStore
 from trimq.client.process_queue import ProcessQueue
 from trimq.client.rebalance.strategies import AllocateStrategy
-from trimq.client.remoting import RemotingError
 from trimq.client.subscription import SubscriptionData
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.protocol.message_queue import MessageQueue, java_string_key
 from trimq.protocol.validation import is_retry_topic
+from trimq.runtime.client import RemotingError
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = ["PullRequest", "PullServiceHook", "RebalanceClient", "RebalanceImpl"]
 

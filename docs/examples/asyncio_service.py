@@ -33,7 +33,7 @@ from trimq.client import (
 )
 from trimq.client.admin import open_admin
 from trimq.client.runner import TrioRunner
-from trimq.protocol.logs import configure_logging
+from trimq.runtime.logs import configure_logging
 
 TOPIC = "ExampleEvents"
 

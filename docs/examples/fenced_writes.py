@@ -26,7 +26,7 @@ import trio
 
 from trimq.client import ConsumeOrderlyStatus, Message, MessageExt, Producer, PushConsumer
 from trimq.client.selectors import select_by_hash
-from trimq.protocol.logs import configure_logging
+from trimq.runtime.logs import configure_logging
 from trimq.testing import open_broker
 
 TOPIC = "FencedOrders"

@@ -32,7 +32,7 @@ from trimq.client import (
 from trimq.client.admin import open_admin
 from trimq.client.runner import TrioRunner
 from trimq.client.selectors import select_by_hash
-from trimq.protocol.logs import configure_logging
+from trimq.runtime.logs import configure_logging
 
 TOPIC = "ExampleOrders"
 

@@ -465,9 +465,9 @@ async def test_two_brokers_merge_per_broker_answers(tmp_path: Path) -> None:
 
 
 async def test_forwarding_requests_answer_precise_errors(addr: str) -> None:
-    from trimq.client.remoting import RemotingClient
     from trimq.protocol.codes import RequestCode, ResponseCode
     from trimq.protocol.command import RemotingCommand
+    from trimq.runtime.client import RemotingClient
 
     async with RemotingClient(default_timeout_s=10) as rc:
         async def call(code: int, ext: dict[str, Any]) -> RemotingCommand:

@@ -36,8 +36,8 @@ import trio
 from trimq.broker.broker import Broker, open_broker
 from trimq.broker.config import BrokerConfig
 from trimq.broker.namesrv.service import NameServer, NamesrvConfig, open_namesrv
-from trimq.client.remoting import RemotingClient
 from trimq.protocol.command import RemotingCommand
+from trimq.runtime.client import RemotingClient
 
 BIN = Path(sys.executable).parent
 SMALL_STORE: dict[str, Any] = {

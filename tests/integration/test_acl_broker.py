@@ -17,10 +17,11 @@ from click.testing import CliRunner
 
 from trimq.broker.acl import sign_command
 from trimq.broker.broker import Broker, open_broker
-from trimq.broker.config import BrokerConfig, ConfigError
-from trimq.client.remoting import RemotingClient
+from trimq.broker.config import BrokerConfig
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.record import parse_message_id
+from trimq.runtime.client import RemotingClient
+from trimq.runtime.settings import ConfigError
 
 ACL = """
 [[accounts]]

@@ -23,9 +23,9 @@ import trio.testing
 
 from trimq.broker.broker import Broker, open_broker
 from trimq.broker.config import BrokerConfig
-from trimq.client.remoting import RemotingClient
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.client import RemotingClient
 
 G = "orderly_group"
 T = "TopicA"

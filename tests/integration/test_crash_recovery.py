@@ -19,11 +19,11 @@ from typing import Any
 import trio
 
 from trimq.broker.store.consume_queue import tags_string_to_tags_code
-from trimq.client.remoting import RemotingClient, RemotingError
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import encode_properties
 from trimq.protocol.record import BLANK_MAGIC_CODE, decode_record, iter_records
+from trimq.runtime.client import RemotingClient, RemotingError
 
 SEG = 64 * 1024  # the daemons fixture's small store geometry
 CQ_FILE = 64 * 20

@@ -14,13 +14,13 @@ from typing import Any
 
 import trio
 
-from trimq.broker.server import DEFERRED, Connection, Deferred, RemotingServer
 from trimq.client import Message, Producer, ProducerConfig
 from trimq.client.errors import MQBrokerError
-from trimq.client.remoting import RemotingClient, RemotingTimeoutError
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.record import iter_records
+from trimq.runtime.client import RemotingClient, RemotingTimeoutError
+from trimq.runtime.server import DEFERRED, Connection, Deferred, RemotingServer
 
 INLINE, FAST, LATER, SLOW = 1100, 1101, 1102, 1103
 

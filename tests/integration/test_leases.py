@@ -27,11 +27,11 @@ from trimq.client import ConsumeOrderlyStatus, Message, Producer, ProducerConfig
 from trimq.client.api import ConsumerData, HeartbeatData, MQClientAPI
 from trimq.client.errors import NoPermissionError
 from trimq.client.instance import ClientInstance
-from trimq.client.remoting import RemotingClient
 from trimq.client.selectors import select_by_hash
 from trimq.protocol.codes import RequestCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.client import RemotingClient
 
 G = "lease_group"
 T = "LeaseOrders"

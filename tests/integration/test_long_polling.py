@@ -9,11 +9,11 @@ import pytest
 import trio
 import trio.testing
 
-from trimq.client.remoting import RemotingClient
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import encode_properties
 from trimq.protocol.record import iter_records
+from trimq.runtime.client import RemotingClient
 
 SUSPEND = 0x2
 

@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import trimq.broker.metrics as broker_metrics
 import trimq.broker.namesrv.metrics as namesrv_metrics
 from trimq.broker.namesrv.service import NamesrvConfig, open_namesrv
-from trimq.client.remoting import RemotingClient
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.client import RemotingClient
 
 QUIET = {"flush_interval_ms": 60_000, "register_broker_interval_ms": 600_000}
 OPERATIONS_MD = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"

@@ -11,9 +11,9 @@ import pytest
 import trio
 import trio.testing
 
-from trimq.client.remoting import RemotingClient
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.runtime.client import RemotingClient
 
 RC = RequestCode
 

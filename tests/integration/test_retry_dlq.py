@@ -24,11 +24,11 @@ from tests.integration.conftest import small_store_env
 from trimq.broker.broker import Broker, open_broker
 from trimq.broker.config import BrokerConfig
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY
-from trimq.client.remoting import RemotingClient
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.message import MessageConst, MessageExt, encode_properties
 from trimq.protocol.record import iter_records, parse_message_id
 from trimq.protocol.validation import SCHEDULE_TOPIC
+from trimq.runtime.client import RemotingClient
 
 T = "RetryTopic"
 G = "retry_group"

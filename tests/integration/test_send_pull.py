@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from trimq.broker.broker import Broker
-from trimq.client.remoting import RemotingClient
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import encode_properties
 from trimq.protocol.record import iter_records, parse_message_id
+from trimq.runtime.client import RemotingClient
 
 RC = RequestCode
 

@@ -14,10 +14,10 @@ import msgpack
 import pytest
 import trio
 
-from trimq.broker.server import Connection, RemotingServer, RequestError
-from trimq.client.remoting import RemotingClient, RemotingConnectError, RemotingTimeoutError
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.frame import FrameDecoder, encode_frame
+from trimq.runtime.client import RemotingClient, RemotingConnectError, RemotingTimeoutError
+from trimq.runtime.server import Connection, RemotingServer, RequestError
 
 ECHO = 1000
 SLOW = 1001

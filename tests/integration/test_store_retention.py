@@ -16,10 +16,10 @@ import trio
 import trio.testing
 
 from tests.integration.conftest import call
-from trimq.client.remoting import RemotingClient
 from trimq.protocol.codes import RequestCode as RC
 from trimq.protocol.codes import ResponseCode
 from trimq.protocol.record import iter_records
+from trimq.runtime.client import RemotingClient
 
 SEG = 4096
 CQ_FILE = 20 * 16

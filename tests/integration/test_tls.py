@@ -16,12 +16,13 @@ import trio
 import trustme
 
 from trimq.broker.broker import Broker, open_broker
-from trimq.broker.config import BrokerConfig, ConfigError
-from trimq.broker.server import RemotingServer, server_ssl_context
-from trimq.client.remoting import RemotingClient, RemotingConnectError, RemotingError
-from trimq.client.tls import TlsConfigError, client_ssl_context
+from trimq.broker.config import BrokerConfig
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.address import parse_address
+from trimq.runtime.client import RemotingClient, RemotingConnectError, RemotingError
+from trimq.runtime.server import RemotingServer
+from trimq.runtime.settings import ConfigError
+from trimq.runtime.tls import TlsConfigError, client_ssl_context, server_ssl_context
 
 
 @dataclass

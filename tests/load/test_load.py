@@ -371,7 +371,7 @@ async def test_flow_control_bounds_unsent_bytes_and_answers_system_busy() -> Non
     """The server alone: a handler answering 64 KiB bodies to a peer that pipelines 400 requests and never
     reads. Unsent bytes stay within the connection's bound plus one frame, the excess answers are SYSTEM_BUSY
     (read them all at the end: every request got an answer, none was lost), and the counts return to zero."""
-    from trimq.broker.server import RemotingServer
+    from trimq.runtime.server import RemotingServer
 
     server = RemotingServer(max_pending_write_bytes=512 * 1024, max_total_pending_write_bytes=4 * MIB,
                             busy_body_bytes=16 * 1024)

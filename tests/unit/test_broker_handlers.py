@@ -12,11 +12,11 @@ from trimq.broker.config import BrokerConfig
 from trimq.broker.processors.admin_topic import AdminTopicService
 from trimq.broker.processors.send import SendService
 from trimq.broker.processors.subscription_group import SubscriptionGroupService
-from trimq.broker.server import RequestError
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.runtime.server import RequestError
 
 
 class FakeRegistry:

@@ -319,7 +319,7 @@ async def test_lock_batch_over_the_wire_says_which_queues_were_kept(tmp_path: An
     from trimq.broker.broker import open_broker
     from trimq.broker.config import BrokerConfig
     from trimq.client.api import MQClientAPI
-    from trimq.client.remoting import RemotingClient
+    from trimq.runtime.client import RemotingClient
 
     config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"))
     async with open_broker(config) as broker, RemotingClient(default_timeout_s=10) as rc:

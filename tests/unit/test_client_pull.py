@@ -16,12 +16,12 @@ from trimq.client.process_queue import ProcessQueue
 from trimq.client.pull import PullService, flow_control_reason
 from trimq.client.rebalance.impl import PullRequest, RebalanceImpl
 from trimq.client.rebalance.strategies import get_strategy
-from trimq.client.remoting import RemotingTimeoutError
 from trimq.client.subscription import build_subscription_data
 from trimq.protocol.codes import ResponseCode
 from trimq.protocol.message import MessageConst, MessageExt, encode_properties
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.record import encode_record, iter_records
+from trimq.runtime.client import RemotingTimeoutError
 
 G, T = "g1", "TopicA"
 MQ = MessageQueue(T, "broker-a", 0)

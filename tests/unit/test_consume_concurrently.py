@@ -23,9 +23,9 @@ from trimq.client.consume.common import (
 from trimq.client.consume.concurrently import ConsumeMessageConcurrentlyService
 from trimq.client.errors import MQBrokerError, MQClientError
 from trimq.client.process_queue import ProcessQueue
-from trimq.client.remoting import RemotingConnectError
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.client import RemotingConnectError
 
 G, T = "cg", "Orders"
 MQ = MessageQueue(T, "broker-a", 1)

@@ -27,9 +27,9 @@ from trimq.client.consume.common import (
 from trimq.client.consume.orderly import ConsumeMessageOrderlyService, clamp_suspend_millis
 from trimq.client.errors import MQBrokerError, MQClientError
 from trimq.client.process_queue import ProcessQueue
-from trimq.client.remoting import RemotingTimeoutError
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.client import RemotingTimeoutError
 
 G, T = "og", "Orders"
 MQ = MessageQueue(T, "broker-a", 0)

@@ -31,10 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: python tests/unit/test_deploy_configs.py --write
     sys.path.insert(0, str(ROOT))
 
-from trimq.broker.config import CONFIG_SECTIONS, BrokerConfig, ConfigError, load_settings  # noqa: E402
+from trimq.broker.config import BrokerConfig  # noqa: E402
 from trimq.broker.namesrv.service import NamesrvConfig  # noqa: E402
 from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig, load_client_settings  # noqa: E402
 from trimq.client.config import ConfigError as ClientConfigError  # noqa: E402
+from trimq.runtime.settings import CONFIG_SECTIONS, ConfigError, load_settings  # noqa: E402
 
 DEPLOY = ROOT / "deploy"
 CONFIGURATION_MD = ROOT / "docs" / "CONFIGURATION.md"

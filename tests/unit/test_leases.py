@@ -182,7 +182,7 @@ class LeaseApi:
     async def lock_batch_mq_lease(self, addr: str, group: str, cid: str, mqs: Iterable[MessageQueue], *,
                                   claims: Mapping[MessageQueue, int] | None = None,
                                   timeout_ms: Any = None) -> LockBatchAnswer:
-        from trimq.client.remoting import RemotingConnectError
+        from trimq.runtime.client import RemotingConnectError
 
         mqs = list(mqs)
         self.requests.append((addr, mqs, dict(claims or {})))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 from prometheus_client import CollectorRegistry, Counter
 
-from trimq.protocol.metrics_http import serve_metrics
+from trimq.runtime.metrics_http import serve_metrics
 
 
 class Broken:

@@ -18,9 +18,9 @@ from trimq.client.offset_store import (
     RemoteBrokerOffsetStore,
     default_local_offset_dir,
 )
-from trimq.client.remoting import RemotingConnectError
 from trimq.protocol.codes import ResponseCode
 from trimq.protocol.message_queue import MessageQueue
+from trimq.runtime.client import RemotingConnectError
 
 G = "g1"
 

@@ -22,8 +22,9 @@ from typing import Any
 import click
 import pytest
 
-from trimq.broker.config import BrokerConfig, load_settings
+from trimq.broker.config import BrokerConfig
 from trimq.broker.namesrv.service import NamesrvConfig
+from trimq.runtime.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

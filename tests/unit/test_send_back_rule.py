@@ -11,8 +11,8 @@ from tests.unit.consume_fakes import FakeClient
 from trimq.broker.processors.retry import build_send_back_properties
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY
 from trimq.client.consume.common import SendBack
-from trimq.client.remoting import RemotingTimeoutError
 from trimq.protocol.message import MessageConst, MessageExt, decode_properties
+from trimq.runtime.client import RemotingTimeoutError
 
 OFFSET_ID = "0A00000200002A9F0000000000001000"
 UNIQ = "7F0000010B3A18B4AAC2000000000001"

@@ -244,7 +244,8 @@ async def test_deleted_files_are_closed_only_once_no_flush_thread_can_use_them(
 
 
 def test_delete_when_is_checked_with_the_other_settings() -> None:
-    from trimq.broker.config import BrokerConfig, ConfigError
+    from trimq.broker.config import BrokerConfig
+    from trimq.runtime.settings import ConfigError
 
     assert BrokerConfig(delete_when="04;16").validate().delete_when == "04;16"
     for bad in ("24", "4pm", "", "04;"):

@@ -1,5 +1,6 @@
 """Settings dataclasses shared by every trimq program: declared with ``setting()``, validated from their metadata,
-merged from a TOML table, the environment and flags. Pure: callers read the file and pass ``os.environ``.
+merged from a TOML table, the environment and flags. ``build_settings`` is pure (callers pass the parsed file
+and the environment); ``load_settings`` reads the TOML file and ``os.environ`` for the daemons.
 
 An invalid value raises ConfigError naming the setting, the value, what is allowed and where it came from.
 """
@@ -7,6 +8,8 @@ An invalid value raises ConfigError naming the setting, the value, what is allow
 from __future__ import annotations
 
 import dataclasses
+import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
@@ -153,3 +156,23 @@ def describe_settings(obj: Any) -> list[dict[str, Any]]:
     return [{"name": f.name, "value": getattr(obj, f.name), "default": f.default, "doc": f.metadata.get("doc", ""),
              "min": f.metadata.get("min"), "max": f.metadata.get("max"), "choices": f.metadata.get("choices")}
             for f in dataclasses.fields(obj)]
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """A TOML file's document; ConfigError saying why it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def load_settings(cls: type[Any], *, config_file: str | None = None, env_prefix: str = "TRIMQ_",
+                  overrides: dict[str, Any] | None = None, section: str | None = None) -> Any:
+    """Build a settings dataclass from defaults < TOML file < environment < ``overrides`` (flags), validated
+    (:func:`build_settings` has the rules)."""
+    return build_settings(cls, file_data=read_toml(config_file) if config_file else None,
+                          file_name=config_file or "", environ=os.environ, env_prefix=env_prefix,
+                          overrides=overrides, section=section)

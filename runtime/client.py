@@ -1,4 +1,5 @@
-"""The client transport: one connection per address, concurrent requests multiplexed by opaque.
+"""The client side of the one transport (the SDK's, and the broker's to its name servers): one connection per
+address, concurrent requests multiplexed by opaque.
 
 ``async with RemotingClient() as rc: resp = await rc.invoke("127.0.0.1:10911", cmd, timeout_s=3)``.
 Each connection has a reader task that routes responses to their waiters by opaque and hands
@@ -16,13 +17,13 @@ from types import TracebackType
 
 import trio
 
-from trimq.client.tls import sign_request
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import ResponseCode, code_name
 from trimq.protocol.command import FLAG_RESPONSE, RemotingCommand
 from trimq.protocol.errors import ProtocolError
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from trimq.protocol.logs import get_logger
+from trimq.protocol.signature import sign_command
+from trimq.runtime.logs import get_logger
 
 log = get_logger("trimq.remoting")
 
@@ -301,7 +302,7 @@ class RemotingClient:
         ch.pending[opaque] = waiter
         try:
             if self.credentials is not None:
-                sign_request(cmd, *self.credentials)  # ACL: docs/SECURITY.md
+                sign_command(cmd, *self.credentials)  # ACL: docs/SECURITY.md
             ch.send_frame(encode_frame(cmd, self.max_frame_bytes))
             with trio.move_on_after(timeout) as scope:
                 resp = await waiter.wait()
@@ -337,7 +338,7 @@ class RemotingClient:
                 ch.pending[opaque] = waiter
                 waiters.append((opaque, waiter))
                 if self.credentials is not None:
-                    sign_request(cmd, *self.credentials)  # ACL: docs/SECURITY.md
+                    sign_command(cmd, *self.credentials)  # ACL: docs/SECURITY.md
                 frames.append(encode_frame(cmd, self.max_frame_bytes))
             ch.send_frame(b"".join(frames))
             with trio.move_on_after(timeout):
@@ -364,7 +365,7 @@ class RemotingClient:
         cmd.opaque = next(self._opaques)
         cmd.flag |= 2
         if self.credentials is not None:
-            sign_request(cmd, *self.credentials)  # ACL: docs/SECURITY.md
+            sign_command(cmd, *self.credentials)  # ACL: docs/SECURITY.md
         ch.send_frame(encode_frame(cmd, self.max_frame_bytes))
 
     def close_address(self, addr: str) -> None:

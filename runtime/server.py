@@ -48,7 +48,8 @@ from trimq.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from trimq.protocol.errors import ProtocolError
 from trimq.protocol.fields import check_field_ranges
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from trimq.protocol.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
+from trimq.runtime.tls import tls_listeners
 
 log = get_logger("trimq.server")
 
@@ -772,34 +773,6 @@ class RemotingServer:
                 log.exception("connection.close_callback_failed", remote=conn.remote)
 
 
-def server_ssl_context(cert_file: str, key_file: str | None = None, ca_file: str | None = None, *,
-                       require_client_cert: bool = False) -> ssl.SSLContext:
-    """A TLS 1.2+ server context presenting ``cert_file``/``key_file`` (PEM); with ``require_client_cert``,
-    peers must show a certificate signed by ``ca_file`` (mutual TLS). ValueError naming an unusable file."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(cert_file, key_file or None)
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"certificate {cert_file} / key {key_file or cert_file}: {exc}") from None
-    ctx.verify_mode = ssl.CERT_NONE
-    if require_client_cert:
-        if not ca_file:
-            raise ValueError("requiring client certificates needs a CA file to verify them with")
-        try:
-            ctx.load_verify_locations(cafile=ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"CA file {ca_file}: {exc}") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
-def tls_listeners(listeners: list[Any], ssl_context: ssl.SSLContext) -> list[Any]:
-    """Wrap TCP listeners so every accepted connection speaks TLS (the handshake runs on first read/write;
-    a peer that fails it is just a broken connection)."""
-    return [trio.SSLListener(lst, ssl_context, https_compatible=False) for lst in listeners]
-
-
 def _mono_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
@@ -827,5 +800,4 @@ def _set_nodelay(stream: Any) -> None:
 
 
 __all__ = ["DEFERRED", "MAX_REMARK_CHARS", "Authorizer", "Connection", "ConnectionClosedError", "Deferred",
-           "FastPath", "Handler", "RemotingServer", "RequestError", "bounded_remark",
-           "server_ssl_context", "tls_listeners"]
+           "FastPath", "Handler", "RemotingServer", "RequestError", "bounded_remark"]

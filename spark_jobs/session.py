@@ -165,13 +165,40 @@ def _cleanup() -> None:
     _temp_dirs.clear()
 
 
-def build_deps_zip(dest: str | os.PathLike[str]) -> str:
-    """Zip ``protocol/`` and ``spark_jobs/`` for ``--py-files`` / ``addPyFile`` on cluster workers."""
+def deps_packages() -> list[str]:
+    """The packages the executors import: this one (``trimq.spark_jobs``), the record codec's
+    (``trimq.protocol``), named from this module's own package so the list follows a rename."""
+    pkg = __package__ or "spark_jobs"
+    root, _, _ = pkg.rpartition(".")
+    return [pkg, f"{root}.protocol" if root else "protocol"]
+
+
+def build_deps_zip(dest: str | os.PathLike[str], packages: Iterable[str] | None = None) -> str:
+    """Zip the executors' code for ``--py-files`` / ``addPyFile``: every ``.py`` (and ``.properties``) of
+    each package in ``packages`` (default ``deps_packages()``), stored under the package's dotted name as
+    a path (``trimq/spark_jobs/parser.py``), plus the files directly in each parent package (the root
+    ``trimq/__init__.py``) so the names import on the executor as they do here. The paths come from the
+    imported modules, not from the checkout's layout."""
+    import importlib
+
     dest = os.fspath(dest)
+    wanted = list(deps_packages() if packages is None else packages)
+    entries: dict[str, Path] = {}
+    for name in wanted:
+        mod = importlib.import_module(name)
+        pkg_dir = Path(mod.__file__ or "").resolve().parent
+        prefix = name.replace(".", "/")
+        for path in sorted(pkg_dir.rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".properties") and "__pycache__" not in path.parts:
+                entries[f"{prefix}/{path.relative_to(pkg_dir).as_posix()}"] = path
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            parent = importlib.import_module(".".join(parts[:i]))
+            parent_dir = Path(parent.__file__ or "").resolve().parent
+            for path in sorted(parent_dir.iterdir()):
+                if path.is_file() and path.suffix in (".py", ".typed"):
+                    entries[f"{'/'.join(parts[:i])}/{path.name}"] = path
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
-        for pkg in ("protocol", "spark_jobs"):
-            pkg_dir = PROJECT_ROOT / pkg
-            for path in sorted(pkg_dir.rglob("*")):
-                if path.is_file() and path.suffix in (".py", ".properties") and "__pycache__" not in path.parts:
-                    zf.write(path, path.relative_to(PROJECT_ROOT).as_posix())
+        for arcname, path in sorted(entries.items()):
+            zf.write(path, arcname)
     return dest

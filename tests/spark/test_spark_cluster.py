@@ -1,0 +1,76 @@
+"""The audit on a real Spark standalone cluster (master + worker on loopback, from deploy/spark/), compared
+with the same audit on local[*]: the same summary, finding for finding."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from audit_stores import build_planted_store
+
+from trimq.spark_jobs.audit import audit_store
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+START = REPO / "deploy" / "spark" / "start-local-cluster.sh"
+STOP = REPO / "deploy" / "spark" / "stop-local-cluster.sh"
+AUDIT_BIN = Path(sys.executable).with_name("trimq-audit")
+# Tiny store: the same settings as the shared local session (tests/spark/conftest.py).
+SMALL_CONF = ["spark.sql.shuffle.partitions=2", "spark.default.parallelism=2", "spark.sql.adaptive.enabled=false",
+              "spark.sql.codegen.wholeStage=false", "spark.sql.codegen.factoryMode=NO_CODEGEN",
+              "spark.executor.memory=1g"]
+VOLATILE = ("generated_at", "elapsed_s", "out", "outputs", "spark")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _comparable(summary: dict) -> dict:
+    return {k: v for k, v in json.loads(json.dumps(summary)).items() if k not in VOLATILE}
+
+
+@pytest.mark.skipif(not AUDIT_BIN.exists(), reason="trimq-audit console script not installed in this venv")
+def test_audit_on_a_standalone_cluster_equals_local(spark, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    build_planted_store(store)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SPARK_HOME", "SPARK_CONF_DIR", "PYTHONPATH", "PYSPARK_GATEWAY_PORT")}
+    env.update({"STATE_DIR": str(tmp_path / "cluster"), "SPARK_MASTER_PORT": str(port), "WORKER_CORES": "2",
+                "WORKER_MEMORY": "1g", "PYTHON": sys.executable})
+    # The master and worker start while the local audit runs in this process's session.
+    starter = subprocess.Popen([str(START)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        local = audit_store(spark, store, tmp_path / "local")
+        out, err = starter.communicate(timeout=120)
+        assert starter.returncode == 0, err[-3000:]
+        master = out.strip().splitlines()[-1]
+        assert master == f"spark://127.0.0.1:{port}"
+        cli_env = {k: v for k, v in env.items() if k not in ("STATE_DIR", "SPARK_MASTER_PORT")}
+        cli_env["SPARK_LOCAL_IP"] = "127.0.0.1"  # the driver, like the cluster, on loopback
+        cmd = [str(AUDIT_BIN), "--store", str(store), "--out", str(tmp_path / "remote"), "--master", master,
+               "--json", "-q"]
+        for item in SMALL_CONF:
+            cmd += ["--conf", item]
+        proc = subprocess.run(cmd, env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1, proc.stderr[-3000:]  # the planted defects, as locally
+        remote = json.loads(proc.stdout)
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
+        subprocess.run([str(STOP)], env=env, timeout=60, check=False)
+    assert remote["spark"]["master"] == master and local["spark"]["master"].startswith("local")
+    assert _comparable(remote) == _comparable(local)
+    assert remote["defects"] == 6 and remote["records"]["messages"] == local["records"]["messages"] > 0
+    # The executors ran the shipped zip (trimq/...): the cluster's work dir holds it for the application.
+    assert any(p.name.endswith(".zip") for p in (tmp_path / "cluster" / "work").rglob("*"))

@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-records", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for scripts
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     p.add_argument("--py-files", dest="py_files", action="store_true",
-                   help="ship the audit code (trimq/spark_jobs, trimq/protocol) to the executors as a zip (default for non-local masters)")
+                   help="ship the audit code (trimq/spark_jobs, trimq/protocol) to the executors as a zip "
+                   "(default for non-local masters)")
     p.add_argument("--write-py-files", metavar="ZIP",
                    help="only write that zip (for spark-submit --py-files), then exit")
     p.add_argument("--json", action="store_true", help="print summary.json to stdout instead of a table")

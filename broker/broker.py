@@ -30,6 +30,7 @@ from trimq.broker.processors.admin_topic import AdminTopicService
 from trimq.broker.processors.basic import BasicService
 from trimq.broker.processors.consumer import CoordinationService, broker_now_ms, wall_ms
 from trimq.broker.processors.pull import PullService
+from trimq.broker.processors.query import QueryMessageService
 from trimq.broker.processors.register import RegisterService, advertised_host
 from trimq.broker.processors.retry import RetryService
 from trimq.broker.processors.send import SendService
@@ -103,6 +104,9 @@ class Broker:
                                         offsets=self.offset_manager, long_polling=self.long_polling)
         self.admin_topic_service = AdminTopicService(registry=server, store=self.store, topics=topics,
                                                      default_queue_nums=config.default_topic_queue_nums)
+        self.query_message_service = QueryMessageService(
+            registry=server, index=self.store.index_dispatcher, store=self.store,
+            default_query_max_num=config.default_query_max_num, max_msgs_num_batch=config.max_msgs_num_batch)
         self.namesrv_service = NamesrvService(self.namesrv) if self.namesrv is not None else None
         self.register_service = RegisterService(config=config, server=server, topics=topics, namesrv=self.namesrv,
                                                 address=self.advertised_host, started=self.started)
@@ -116,7 +120,8 @@ class Broker:
             store=self.store, store_dir=config.store_dir, topics=topics, delay_levels=config.message_delay_level,
             flush_interval_ms=config.flush_delay_offset_interval_ms)
         self.retry_service = RetryService(config=config, registry=server, store=self.store, topics=topics,
-                                          groups=groups, acl_enabled=self.acl is not None)
+                                          groups=groups, acl_enabled=self.acl is not None,
+                                          index=self.store.index_dispatcher)
         self.admin_forward_service = AdminForwardService(
             registry=server, broker_name=config.broker_name, store=self.store, topics=topics,
             offsets=self.offset_manager, offset_persister=self.coordination_service,
@@ -125,6 +130,7 @@ class Broker:
         #: Start order; stopped in reverse. The store first, topics before anything that creates topics.
         self.services: list[BrokerService] = [
             self.basic_service, self.store, topics, self.send_service, self.pull_service, self.admin_topic_service,
+            self.query_message_service,
             *([self.namesrv_service] if self.namesrv_service is not None else []), self.register_service,
             self.coordination_service, groups, self.subscription_group_service, self.schedule_message_service,
             self.retry_service, self.admin_forward_service,
@@ -208,6 +214,10 @@ def store_config(config: BrokerConfig) -> StoreConfig:
         max_message_size=config.max_message_size,
         max_transfer_count=config.max_transfer_count_on_message_in_memory,
         max_transfer_bytes=config.max_transfer_bytes_on_message_in_memory,
+        message_index_enable=config.message_index_enable,
+        max_hash_slot_num=config.max_hash_slot_num,
+        max_index_num=config.max_index_num,
+        max_msgs_num_batch=config.max_msgs_num_batch,
         **{name: getattr(config, name) for name in RECLAIM_SETTINGS},
     )
 

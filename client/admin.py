@@ -45,6 +45,7 @@ from trimq.client.admin_results import (
     DeadLetter,
     DeadLetterList,
     MemberReset,
+    MessageQueryResult,
     QueueLock,
     QueueProgress,
     QueueReset,
@@ -549,6 +550,25 @@ class Admin:
             raise AdminError(f"message id {msg_id} names the broker at {addr}, which cannot be reached: "
                              f"{exc}") from None
         return StoredMessage(names.get(addr), msg)
+
+    async def message_query(self, key: str, topic: str | None = None, *, unique_key: bool = False, max_num: int = 64,
+                            begin_ms: int = 0, end_ms: int = 2**63 - 1) -> MessageQueryResult:
+        """Stored messages whose KEYS hold ``key`` (``unique_key``: whose UNIQ_KEY, the producer's message id, is
+        ``key``), on every broker of ``topic`` — or, without a topic, on every broker of the cluster in every
+        topic (RocketMQ's queryMsgByKey / queryMsgByUniqueKey; answered from each broker's message index,
+        docs/STORAGE.md §10). At most ``max_num`` per broker, oldest first; brokers that do not answer are
+        listed in ``errors``. AdminError when none answered."""
+        brokers = await (self.route_brokers(topic) if topic is not None else self.brokers())
+        found = await _each(brokers, lambda _n, a: self.api.query_message(
+            a, topic, key, max_num=max_num, begin_timestamp=begin_ms, end_timestamp=end_ms, unique=unique_key,
+            timeout_ms=self.timeout_ms * 3))  # RocketMQ's client gives a query three timeouts
+        errors = _failures(found)
+        if errors and len(errors) == len(found):
+            raise AdminError(f"no broker answered the query: {errors[0].broker_name}: {errors[0].error}")
+        messages = [StoredMessage(name, m) for name, msgs in found.items() if not isinstance(msgs, Exception)
+                    for m in msgs]
+        messages.sort(key=lambda s: (s.message.store_timestamp, s.broker_name or "", s.message.commit_log_offset))
+        return MessageQueryResult(key, topic, unique_key, messages, errors)
 
     async def message_at(self, topic: str, queue_id: int, offset: int, broker: str | None = None) -> StoredMessage:
         """The message at ``offset`` of queue ``queue_id`` of ``topic`` (on ``broker``, needed when the topic is

@@ -35,6 +35,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterList",
     "MemberReset",
+    "MessageQueryResult",
     "QueueLock",
     "QueueProgress",
     "QueueReset",
@@ -541,3 +542,16 @@ class StoredMessage:
             "bodyEncoding": encoding,
             "body": text,
         }
+
+
+@dataclass(frozen=True)
+class MessageQueryResult:
+    """Messages found by key (``message query``, QUERY_MESSAGE on every broker asked), oldest first.
+    ``unique_key``: ``key`` is a producer's unique key (UNIQ_KEY) rather than one of the messages' KEYS."""
+
+    key: str
+    topic: str | None
+    unique_key: bool
+    messages: list[StoredMessage]
+    errors: list[BrokerFailure] = field(default_factory=list)
+

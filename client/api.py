@@ -659,6 +659,37 @@ class MQClientAPI:
         except RecordError as exc:
             raise _malformed("VIEW_MESSAGE_BY_ID", addr, str(exc)) from None
 
+    async def query_message(
+        self,
+        addr: str,
+        topic: str | None,
+        key: str,
+        *,
+        max_num: int = 64,
+        begin_timestamp: int = 0,
+        end_timestamp: int = 2**63 - 1,
+        unique: bool = False,
+        timeout_ms: int | None = None,
+    ) -> list[MessageExt]:
+        """QUERY_MESSAGE: the broker's stored messages of ``topic`` (None: of every topic it stores, trimq) whose
+        KEYS hold ``key`` (``unique``: whose UNIQ_KEY is ``key``), stored in ``[begin_timestamp,
+        end_timestamp]``: the newest ``max_num`` (the broker caps it, 64 by default), oldest first; [] when
+        none (QUERY_NOT_FOUND)."""
+        ext: dict[str, Any] = {"topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin_timestamp,
+                               "endTimestamp": end_timestamp}
+        if unique:
+            ext["_UNIQUE_KEY_QUERY"] = "true"  # RocketMQ's MixAll.UNIQUE_MSG_QUERY_FLAG
+        resp = await self.invoke(addr, RequestCode.QUERY_MESSAGE, ext, timeout_ms=timeout_ms,
+                                 ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            return []
+        if not isinstance(resp.body, bytes | bytearray):
+            raise _malformed("QUERY_MESSAGE", addr, "body must be the records' bytes")
+        try:
+            return RecordDecoder().decode_all(resp.body)
+        except RecordError as exc:
+            raise _malformed("QUERY_MESSAGE", addr, str(exc)) from None
+
     async def view_message_by_id(self, msg_id: str, *, timeout_ms: int | None = None) -> MessageExt:
         """VIEW_MESSAGE_BY_ID for an offset message id: the id names the broker (store host) and the offset."""
         try:

@@ -341,7 +341,7 @@ class _Shown:
 
 @main.group(name="message")
 def message_group() -> None:
-    """Stored messages."""
+    """Stored messages: show one, query by key."""
 
 
 @message_group.command(name="show")
@@ -378,6 +378,35 @@ def message_show(msg_id: str | None, topic: str | None, queue_id: int | None, of
         return _Shown(stored, body_file)
 
     _run(op, lambda d: fmt.render_message(d))
+
+
+@message_group.command(name="query")
+@_JSON
+@click.option("-k", "--key", "key", help="A key of the messages (one of their KEYS).")
+@click.option("--unique-key", "unique_key", help="A producer's unique key (UNIQ_KEY, the client's message id).")
+@click.option("-t", "--topic", "topic", help="Only this topic, on the brokers of its route (default: every topic "
+                                             "of every broker).")
+@click.option("--max", "max_num", type=click.IntRange(min=1, max=10_000), default=64, show_default=True,
+              help="At most this many per broker (a broker caps it at its max_msgs_num_batch, 64).")
+@click.option("--begin", "begin", metavar="WHEN", help="Stored at or after (same forms as reset-offset --timestamp).")
+@click.option("--end", "end", metavar="WHEN", help="Stored at or before.")
+def message_query(key: str | None, unique_key: str | None, topic: str | None, max_num: int, begin: str | None,
+                  end: str | None) -> None:
+    """Messages by key, from the brokers' message index (RocketMQ's queryMsgByKey / queryMsgByUniqueKey)."""
+    if bool(key) == bool(unique_key):
+        raise click.UsageError("name the messages with --key KEY or --unique-key UNIQ_KEY (one of them)")
+    if topic is not None:
+        _check_name("topic", topic, "--topic")
+    now = _now_ms()
+    try:
+        begin_ms = fmt.parse_timestamp(begin, now_ms=now) if begin else 0
+        end_ms = fmt.parse_timestamp(end, now_ms=now) if end else 2**63 - 1
+    except fmt.TimestampError as exc:
+        raise click.BadParameter(str(exc), param_hint="--begin/--end") from None
+    wanted = key or unique_key
+    assert wanted is not None
+    _run(lambda a: a.message_query(wanted, topic, unique_key=bool(unique_key), max_num=max_num, begin_ms=begin_ms,
+                                   end_ms=end_ms), lambda d: fmt.render_message_query(d), "message query")
 
 
 @main.group(name="cluster")

@@ -388,6 +388,17 @@ def render_message(doc: Mapping[str, Any], *, tz: _dt.tzinfo | None = None) -> s
     return "\n".join(lines)
 
 
+def render_message_query(doc: Mapping[str, Any], *, tz: _dt.tzinfo | None = None) -> str:
+    msgs = doc.get("messages") or []
+    rows = [[m.get("brokerName"), m.get("topic"), m.get("queueId"), m.get("queueOffset"), m.get("msgId"),
+             m.get("uniqKey"), m.get("keys"), m.get("tags"), format_timestamp(m.get("storeTimestamp"), tz=tz)]
+            for m in msgs]
+    table = render_table(["BROKER", "TOPIC", "QID", "OFFSET", "MSG_ID", "UNIQ_KEY", "KEYS", "TAGS", "STORED"], rows)
+    what = "unique key" if doc.get("uniqueKey") else "key"
+    where = f" in topic {doc.get('topic')}" if doc.get("topic") else ""
+    return "\n".join([table, f"{len(msgs)} message(s) with {what} {doc.get('key')}{where}", *_errors(doc)])
+
+
 def render_cluster_list(doc: Mapping[str, Any], *, now_ms: int, tz: _dt.tzinfo | None = None) -> str:
     rows, topic_lines = [], []
     for c in doc.get("clusters") or []:

@@ -14,9 +14,10 @@ Unknown groups: like RocketMQ 4.9.3, the group's config is looked up with auto-c
 
 The admin requests are trimq's: QUERY_DLQ_MESSAGES lists a group's dead letters, RESEND_DLQ_MESSAGES puts one
 (or all not yet resent) back into the original topic. Which queue a resent message goes to, in order:
-the queue of the original message (found through ORIGIN_MESSAGE_ID when it is the offset message id of a
-message of that topic, as the broker's rule sets it; a unique key, set by the client's rule, names no
-offset), else REAL_QID when REAL_TOPIC is the original topic, else queue 0 — always modulo
+the queue of the original message (found through ORIGIN_MESSAGE_ID: the offset message id of a message of
+that topic, as the broker's rule sets it, or a unique key, as the client's rule and orderly dead letters set
+it, looked up in the message index — the first message of the topic stored with that UNIQ_KEY), else REAL_QID
+when REAL_TOPIC is the original topic, else queue 0 — always modulo
 the topic's current write queue count. The original queue keeps a key's messages together for orderly
 consumers; the fallbacks are deterministic so a retried resend lands where the first one did. Resent
 messages start with reconsume times 0 (a fresh set of retries) and carry ``TRIMQ_DLQ_MSG_ID``. What was
@@ -29,13 +30,14 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import trio
 
 from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import DeadLetterStore, HandlerRegistry, SubscriptionGroups, Topics
 from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.index_dispatch import QueryMessageResult
 from trimq.broker.store.message_store import get_property
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
@@ -291,6 +293,13 @@ class DlqResendTracker:
             await trio.to_thread.run_sync(write_json_atomic, self.path, snapshot)
 
 
+class UniqueKeyIndex(Protocol):
+    """Messages by unique key (the store's message index, broker/store/index_dispatch.py IndexDispatcher)."""
+
+    def query_messages(self, topic: str, key: str, max_num: int, begin: int, end: int, *,
+                       unique: bool = False) -> QueryMessageResult: ...
+
+
 # -- the service ------------------------------------------------------------------------------------------
 
 class RetryService:
@@ -299,9 +308,11 @@ class RetryService:
     name = "retry"
 
     def __init__(self, *, config: BrokerConfig, registry: HandlerRegistry, store: DeadLetterStore, topics: Topics,
-                 groups: SubscriptionGroups, acl_enabled: bool) -> None:
+                 groups: SubscriptionGroups, acl_enabled: bool, index: UniqueKeyIndex | None = None) -> None:
         """``acl_enabled``: requests are signed, so a send-back may only copy a message of the topic the caller
-        may read (step 5 of consumer_send_msg_back)."""
+        may read (step 5 of consumer_send_msg_back). ``index``: the store's message index, to find a dead
+        letter's original by unique key (None: only by offset message id)."""
+        self.index = index
         self.config = config
         self.store = store
         self.topics = topics
@@ -550,12 +561,21 @@ class RetryService:
                 original = None
         if original is not None and origin and original.topic == topic and original.msg_id.upper() == origin.upper():
             queue_id = original.queue_id
+        elif origin and (first := self._first_with_unique_key(topic, origin)) is not None:
+            queue_id = first.queue_id
         elif msg.properties.get(MessageConst.REAL_TOPIC) == topic:
             try:
                 queue_id = int(msg.properties.get(MessageConst.REAL_QUEUE_ID) or "0")
             except ValueError:
                 queue_id = 0
         return queue_id % max(1, write_queue_nums)
+
+    def _first_with_unique_key(self, topic: str, uniq: str) -> MessageExt | None:
+        """The first message of ``topic`` stored with UNIQ_KEY ``uniq`` (the original: a resent copy keeps it)."""
+        if self.index is None:
+            return None
+        found = self.index.query_messages(topic, uniq, 64, 0, 2**63 - 1, unique=True).messages
+        return min(found, key=lambda m: (m.store_timestamp, m.commit_log_offset), default=None)
 
     async def _resend_one(self, group: str, msg: MessageExt, queue_offset: int) -> dict[str, Any]:
         topic = msg.properties.get(MessageConst.RETRY_TOPIC)

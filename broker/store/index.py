@@ -30,6 +30,7 @@ import contextlib
 import mmap
 import os
 import struct
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -75,13 +76,41 @@ def index_file_size(hash_slot_num: int, index_num: int) -> int:
     return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE
 
 
+_PAIRS: list[int] = []  # 31 * first + second for every pair of bytes, indexed by the pair read as a native uint16
+
+
+def _ascii_hash(data: bytes, h: int = 0) -> int:
+    """``String.hashCode``'s loop over ASCII ``data``, continuing from ``h`` (unmasked: the caller masks).
+
+    Two characters per step through a table of pairs: the hot part of indexing a message."""
+    n = len(data)
+    if n > 64:  # long keys: keep the integer small
+        for c in data:
+            h = (31 * h + c) & _MASK
+        return h
+    if n & 1:
+        h = 31 * h + data[0]
+        data = data[1:]
+    pairs = _PAIRS or _make_pairs()
+    for v in memoryview(data).cast("H"):
+        h = h * 961 + pairs[v]
+    return h
+
+
+def _make_pairs() -> list[int]:
+    if sys.byteorder == "little":
+        _PAIRS.extend((x & 0xFF) * 31 + (x >> 8) for x in range(65536))
+    else:
+        _PAIRS.extend((x >> 8) * 31 + (x & 0xFF) for x in range(65536))
+    return _PAIRS
+
+
 def java_string_hash(s: str) -> int:
     """Java's ``String.hashCode``: ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 code units, as a signed int32."""
-    h = 0
     if s.isascii():
-        for c in s.encode():
-            h = (31 * h + c) & _MASK
+        h = _ascii_hash(s.encode()) & _MASK
     else:
+        h = 0
         data = s.encode("utf-16-be", "surrogatepass")
         for (c,) in struct.iter_unpack(">H", data):
             h = (31 * h + c) & _MASK
@@ -166,6 +195,7 @@ class IndexFile:
                 self.header.begin_timestamp = self.header.end_timestamp = end_timestamp
             self.header.pack_into(self.mm)
         self.dirty = new
+        self.header_dirty = False
 
     # -- writing --------------------------------------------------------------------------------------
     @property
@@ -205,9 +235,15 @@ class IndexFile:
         h.index_count = count + 1
         h.end_phy_offset = phy_offset
         h.end_timestamp = store_timestamp
-        h.pack_into(mm)
-        self.dirty = True
+        self.dirty = self.header_dirty = True
         return True
+
+    def sync_header(self) -> None:
+        """Write the header to the mapping (puts keep it in memory: one write per batch of puts, not per put;
+        entries are always written before the header that counts them)."""
+        if self.header_dirty:
+            self.header.pack_into(self.mm)
+            self.header_dirty = False
 
     # -- reading --------------------------------------------------------------------------------------
     def is_time_matched(self, begin: int, end: int) -> bool:
@@ -243,7 +279,7 @@ class IndexFile:
 
     # -- files ----------------------------------------------------------------------------------------
     def flush(self) -> None:
-        """msync the mapping (blocking)."""
+        """msync the mapping (blocking; ``sync_header`` first, on the writing thread)."""
         self.dirty = False
         self.mm.flush()
 
@@ -314,6 +350,7 @@ class IndexService:
         """msync and unmap every file (blocking)."""
         for f in self.files:
             with contextlib.suppress(OSError, ValueError):
+                f.sync_header()
                 f.flush()
             f.close()
         self.files = []
@@ -334,7 +371,14 @@ class IndexService:
             self._flushing -= 1
 
     def dirty_files(self) -> list[IndexFile]:
+        """The files changed since their last msync (their headers written to the mapping)."""
+        self.sync_headers()
         return [f for f in self.files if f.dirty]
+
+    def sync_headers(self) -> None:
+        """Write the newest file's header to its mapping (after a batch of ``build_index``)."""
+        if self.files:
+            self.files[-1].sync_header()
 
     def close_retired(self) -> None:
         """Unmap deleted files once no flush thread can be using them."""
@@ -363,8 +407,8 @@ class IndexService:
         if self.files and self.files[-1].header.end_phy_offset > offset:
             f = self.files[-1]
             f.header.end_phy_offset = offset
-            f.header.pack_into(f.mm)
-            f.dirty = True
+            f.dirty = f.header_dirty = True
+            f.sync_header()
 
     # -- building -------------------------------------------------------------------------------------
     def _last_file(self) -> IndexFile:
@@ -373,6 +417,8 @@ class IndexService:
         if self.files and not self.files[-1].is_write_full:
             return self.files[-1]
         prev = self.files[-1] if self.files else None
+        if prev is not None:
+            prev.sync_header()
         now = self.now_ms()
         name = _human_ms(now)
         while (self.directory / name).exists() or (prev is not None and name <= prev.path.name):
@@ -391,10 +437,7 @@ class IndexService:
         cached = self._topic_hashes.get(topic)
         if cached is None:
             prefix = f"{topic}#"
-            h = 0
-            for c in (prefix.encode() if prefix.isascii() else ()):
-                h = (31 * h + c) & _MASK
-            cached = (h if prefix.isascii() else -1, prefix)
+            cached = (_ascii_hash(prefix.encode()) & _MASK if prefix.isascii() else -1, prefix)
             if len(self._topic_hashes) < 10_000:
                 self._topic_hashes[topic] = cached
         return cached
@@ -415,9 +458,7 @@ class IndexService:
         n = 0
         for word in words:
             if prefix_hash >= 0 and word.isascii():
-                h = prefix_hash
-                for c in word.encode():
-                    h = (31 * h + c) & _MASK
+                h = _ascii_hash(word.encode(), prefix_hash) & _MASK
                 h = h - 0x100000000 if h > _INT_MAX else h
                 key_hash = 0 if h == -0x80000000 else abs(h)
             else:

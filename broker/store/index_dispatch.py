@@ -2,15 +2,18 @@
 
 ``IndexDispatcher`` is RocketMQ's ReputMessageService + CommitLogDispatcherBuildIndex for the index only (the
 consume queues are written by the append itself, broker/store/message_store.py): a task of the store's
-nursery reads the records the commit log gained since it last looked and hands their keys to the
-:class:`~trimq.broker.store.index.IndexService`. A send only wakes it (``wake``, one ``trio.Event.set``), so
-indexing never adds to a send's latency; it runs in slices of ``batch_records`` records between which other
+nursery reads records back from the commit log and hands their keys to the
+:class:`~trimq.broker.store.index.IndexService`. An append only notes the offsets of its records that carry
+``KEYS`` or ``UNIQ_KEY`` (``note_keyed``) and wakes the task, so indexing never adds to a send's latency and
+messages without keys cost nothing; the task runs in slices of ``batch_records`` records between which other
 tasks run.
 
 * **Recovery** (``recover``, at store start, blocking): the index's files are loaded and dispatching resumes
   after the newest record they indexed; with no file, from the log's first record (a store written before
   the index existed gets one built in the background). When the index is ahead of a log whose torn tail was
-  cut, its end moves back so the records written there next are indexed.
+  cut, its end moves back so the records written there next are indexed. Up to the log's end at start the
+  task scans the log (``mmap.find`` skips the bytes up to the next ``KEY``, so messages without keys cost
+  little); past it, the appends' notes say where the records with keys are.
 * **Durability**: changed index files are msynced every ``flush_interval_ms`` in a worker thread and at stop.
   A crash may lose the newest entries of files not yet synced: they are rebuilt only for records past the
   newest entry that survived (an older gap stays unindexed — the index is an aid to find messages, never a
@@ -24,6 +27,7 @@ Time: the flush loop sleeps on trio's clock (a MockClock drives it in tests).
 
 from __future__ import annotations
 
+import mmap
 import struct
 import time
 from dataclasses import dataclass, field
@@ -72,6 +76,12 @@ class QueryMessageResult:
     index_last_update_phyoffset: int = 0
 
 
+def _next_marker(mm: mmap.mmap, start: int, end: int) -> int:
+    """Where the next ``KEY`` (of a KEYS or UNIQ_KEY property name, or anything else) is in ``mm[start:end]``,
+    -1: nowhere. One search for what both names share is faster than one for each."""
+    return mm.find(b"KEY", start, end)
+
+
 def _property(props: str, name: str) -> str | None:
     key = name + "\x01"
     i = props.find(key)
@@ -100,6 +110,9 @@ class IndexDispatcher:
         self.records_indexed = 0
         self.entries_written = 0
         self._skip_at = -1  # the record at this offset was indexed before the restart: not again
+        self._recovered_end = 0  # below it the log is scanned; from it on, ``keyed`` lists what to index
+        #: Offsets of appended records with KEYS or UNIQ_KEY not indexed yet, ascending (None: index off).
+        self.keyed: list[int] | None = [] if enabled else None
         self._wakeup = trio.Event()
         self._waiters: list[tuple[int, trio.Event]] = []
         self._topics: dict[bytes, str] = {}
@@ -129,6 +142,7 @@ class IndexDispatcher:
         if resume < cl.min_offset:
             resume, self._skip_at = cl.min_offset, -1
         self.dispatched = resume
+        self._recovered_end = end
         log.info("index.recovered", files=len(self.index.files), resume_from=resume, commitlog_end=end,
                  behind_bytes=end - resume)
 
@@ -140,6 +154,11 @@ class IndexDispatcher:
         """The commit log grew (called by the append path): dispatch soon."""
         self._wakeup.set()
 
+    def note_keyed(self, offsets: list[int]) -> None:
+        """Records at these commit-log offsets (ascending, appended just now) have KEYS or UNIQ_KEY."""
+        if self.keyed is not None:
+            self.keyed.extend(offsets)
+
     async def run(self) -> None:
         """Dispatch whenever woken, msync changed files every ``flush_interval_ms``; until cancelled."""
         if not self.enabled:
@@ -148,6 +167,7 @@ class IndexDispatcher:
             nursery.start_soon(self._flush_loop)
             while True:
                 self._wakeup = trio.Event()  # before dispatching: an append meanwhile sets this one
+                await trio.lowlevel.checkpoint()  # the sends that are ready run first: one pass for a burst
                 while self.dispatch_some(self.batch_records):
                     self._notify()
                     await trio.sleep(0)  # let sends and pulls run between slices
@@ -169,24 +189,51 @@ class IndexDispatcher:
     # -- dispatching ----------------------------------------------------------------------------------
     @property
     def caught_up(self) -> bool:
-        return self.dispatched >= self.source.commitlog.max_offset
+        return self.keyed is None or (self.dispatched >= self._recovered_end and not self.keyed)
 
     def dispatch_some(self, max_records: int) -> bool:
         """Index up to ``max_records`` records past ``dispatched``; True while more remain (synchronous)."""
-        if not self.enabled:
+        if self.keyed is None:
             return False
         cl = self.source.commitlog
-        limit = cl.max_offset
         if self.dispatched < cl.min_offset:  # the records in between were deleted before being indexed
             self.dispatched = cl.min_offset
-        budget = max_records
-        while self.dispatched < limit and budget > 0:
-            seg = cl.segment_for(self.dispatched)
-            if seg is None:
-                self._give_up(limit, "no segment holds it")
-                break
-            budget -= self._scan(seg.mm, seg.start, seg.end, limit, budget)
-        return self.dispatched < cl.max_offset
+        if self.dispatched < self._recovered_end:  # catching up with what was stored before this start
+            limit = min(self._recovered_end, cl.max_offset)
+            budget = max_records
+            while self.dispatched < limit and budget > 0:
+                seg = cl.segment_for(self.dispatched)
+                if seg is None:
+                    self._give_up(limit, "no segment holds it")
+                    break
+                budget -= self._scan(seg.mm, seg.start, seg.end, limit, budget)
+            self.index.sync_headers()
+            if self.dispatched < self._recovered_end:
+                return True
+        # What was appended since: the appends noted the records to read.
+        keyed = self.keyed
+        take = keyed[:max_records]
+        del keyed[:max_records]
+        low = max(self.dispatched, cl.min_offset)
+        for offset in take:
+            if offset >= low:
+                self._index_at(cl, offset)
+        self.dispatched = keyed[0] if keyed else max(self.dispatched, cl.max_offset)
+        self.index.sync_headers()
+        return bool(keyed)
+
+    def _index_at(self, cl: CommitLog, offset: int) -> None:
+        seg = cl.segment_for(offset)
+        if seg is None:
+            return
+        buf = memoryview(seg.mm)
+        try:
+            rel = offset - seg.start
+            size, magic = _SIZE_MAGIC.unpack_from(buf, rel)
+            if magic == MESSAGE_MAGIC_CODE and size >= 91 and offset + size <= seg.end:
+                self._index_record(buf, rel, offset, self.index)
+        finally:
+            buf.release()
 
     def dispatch_all(self) -> None:
         """Index everything the commit log holds now (tests, and callers that cannot wait for the task)."""
@@ -196,20 +243,29 @@ class IndexDispatcher:
 
     def _give_up(self, limit: int, why: str) -> None:
         # Not a record boundary (a damaged index end, or damage in the log the recovery let through): the
-        # records up to the log's current end cannot be indexed; carry on after them.
+        # records up to ``limit`` cannot be indexed; carry on after them.
         log_rate_limited(self._errors, "scan", _mono_ms(), log.error, "index.dispatch_skipped",
                          from_offset=self.dispatched, to_offset=limit, reason=why)
         self.dispatched = limit
 
-    def _scan(self, mm: object, seg_start: int, seg_end: int, limit: int, budget: int) -> int:
-        """Index the records of one segment from ``dispatched`` up to ``limit``; returns how many were seen."""
-        buf: memoryview = memoryview(mm)  # type: ignore[arg-type]
+    def _scan(self, mm: mmap.mmap, seg_start: int, seg_end: int, limit: int, budget: int) -> int:
+        """Index the records of one segment from ``dispatched`` up to ``limit``; returns how many were looked at.
+
+        Only records with keys cost Python work: the bytes up to the next ``KEYS``/``UNIQ_KEY`` property name
+        are skipped with ``mmap.find`` (a byte search for ``KEY``), so a run of messages without keys is passed
+        over at once. (A body holding those bytes only makes the walk look at a few more records.)"""
         pos = self.dispatched
         end = min(seg_end, limit)
         seen = 0
         index = self.index
+        rel_end = end - seg_start
+        buf = memoryview(mm)
         try:
+            nxt = _next_marker(mm, pos - seg_start, rel_end)
             while pos < end and seen < budget:
+                if nxt < 0:
+                    pos = end  # no key in the rest: nothing to index there (the filler, if any, included)
+                    break
                 rel = pos - seg_start
                 size, magic = _SIZE_MAGIC.unpack_from(buf, rel)
                 if magic == BLANK_MAGIC_CODE:
@@ -220,38 +276,45 @@ class IndexDispatcher:
                     self._give_up(limit, f"no record at {pos} (size {size}, magic {magic:#x})")
                     return seen
                 seen += 1
-                if pos == self._skip_at:
-                    self._skip_at = -1
+                if rel + size <= nxt:  # the next key is in a later record
                     pos += size
                     continue
-                (sys_flag,) = _I32.unpack_from(buf, rel + 36)
-                p = rel + POS_BORN_HOST + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
-                (store_ts,) = _I64.unpack_from(buf, p)
-                p += 8 + (20 if sys_flag & _STOREHOST_V6 else 8) + 12
-                (body_len,) = _I32.unpack_from(buf, p)
-                p += 4 + body_len
-                topic_len = buf[p]
-                topic_b = bytes(buf[p + 1: p + 1 + topic_len])
-                p += 1 + topic_len
-                (props_len,) = _I16.unpack_from(buf, p)
-                props_b = bytes(buf[p + 2: p + 2 + props_len])
-                if _MARKERS[0] in props_b or _MARKERS[1] in props_b:
-                    topic = self._topics.get(topic_b)
-                    if topic is None:
-                        topic = topic_b.decode("utf-8", "replace")
-                        if len(self._topics) < 10_000:
-                            self._topics[topic_b] = topic
-                    props = props_b.decode("utf-8", "replace")
-                    n = index.build_index(topic, pos, store_ts, sys_flag, _property(props, MessageConst.KEYS),
-                                          _property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
-                    if n:
-                        self.records_indexed += 1
-                        self.entries_written += n
+                if pos == self._skip_at:
+                    self._skip_at = -1
+                else:
+                    self._index_record(buf, rel, pos, index)
                 pos += size
+                nxt = _next_marker(mm, pos - seg_start, rel_end)
         finally:
             buf.release()
         self.dispatched = pos
         return max(seen, 1)
+
+    def _index_record(self, buf: memoryview, rel: int, pos: int, index: IndexService) -> None:
+        (sys_flag,) = _I32.unpack_from(buf, rel + 36)
+        p = rel + POS_BORN_HOST + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+        (store_ts,) = _I64.unpack_from(buf, p)
+        p += 8 + (20 if sys_flag & _STOREHOST_V6 else 8) + 12
+        (body_len,) = _I32.unpack_from(buf, p)
+        p += 4 + body_len
+        topic_len = buf[p]
+        topic_b = bytes(buf[p + 1: p + 1 + topic_len])
+        p += 1 + topic_len
+        (props_len,) = _I16.unpack_from(buf, p)
+        props_b = bytes(buf[p + 2: p + 2 + props_len])
+        if _MARKERS[0] not in props_b and _MARKERS[1] not in props_b:
+            return  # the bytes were in the body
+        topic = self._topics.get(topic_b)
+        if topic is None:
+            topic = topic_b.decode("utf-8", "replace")
+            if len(self._topics) < 10_000:
+                self._topics[topic_b] = topic
+        props = props_b.decode("utf-8", "replace")
+        n = index.build_index(topic, pos, store_ts, sys_flag, _property(props, MessageConst.KEYS),
+                              _property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
+        if n:
+            self.records_indexed += 1
+            self.entries_written += n
 
     # -- waiting --------------------------------------------------------------------------------------
     def _notify(self) -> None:
@@ -267,7 +330,7 @@ class IndexDispatcher:
 
     async def wait_dispatched(self, offset: int, timeout_s: float) -> bool:
         """Wait until every record below ``offset`` is indexed (at most ``timeout_s``); whether it is."""
-        if not self.enabled or self.dispatched >= offset:
+        if self.keyed is None or self.dispatched >= offset or self.caught_up:
             return True
         ev = trio.Event()
         self._waiters.append((offset, ev))

@@ -826,6 +826,7 @@ class MessageStore:
         whole = self._encoder.whole
         buf = bytearray()
         units = bytearray()
+        keyed: list[int] = []  # offsets of the records with KEYS or UNIQ_KEY, for the index task
         for i, (body, props_b, flag, size, tc) in enumerate(prepared):
             # one pack per record: fields 1-14, the body, the topic, the properties (struct cached by lengths)
             bl = len(body)
@@ -836,12 +837,16 @@ class MessageStore:
             if resolver is not None:
                 tc = resolver(decode_properties(messages[i][1]), store_ts)
             units += unit(phys, size, tc)
+            if b"KEY" in props_b:
+                keyed.append(phys)
             phys += size
         try:
             cl.write(seg, buf)
         except OSError as exc:
             log.error("store.write_failed", error=str(exc), offset=phys0)
             return PutResult(PutMessageStatus.UNKNOWN_ERROR, remark=f"commit-log write failed: {exc}")
+        if keyed:
+            self.index_dispatcher.note_keyed(keyed)
         try:
             cq.append(qoff, bytes(units))
         except OSError as exc:

@@ -63,7 +63,10 @@ async def test_indexed_by_its_task_and_checked_on_lookup(tmp_path: Path) -> None
         await put(st, "Other", b"o1", keys="order-1", uniq="U4")
         await put(st, "T", b"aa", keys="Aa")  # "T#Aa" and "T#BB" differ, but "Aa"/"BB" collide on their own
         await put(st, "T", b"none")
+        await put(st, "T", b"body with KEYS\x01 and UNIQ_KEY\x01 bytes")  # no keys: looked at, not indexed
+        await put(st, "T", b"m6", keys="order-6")
         await caught_up(st)
+        assert bodies(st, "T", "order-6") == [b"m6"]
         assert bodies(st, "T", "order-1") == [b"m1", b"m3"]  # oldest first, other topics left out
         assert bodies(st, "T", "customer-9") == [b"m1"]
         assert bodies(st, "T", "order-1", max_num=1) == [b"m3"]  # the newest max_num
@@ -78,9 +81,9 @@ async def test_indexed_by_its_task_and_checked_on_lookup(tmp_path: Path) -> None
         res = st.index_dispatcher.query_messages("T", "order-1", 64, 0, FOREVER)
         assert res.index_last_update_phyoffset == st.index.end_phy_offset > 0
         assert [m.commit_log_offset for m in res.messages] == [a.commit_log_offset, res.messages[1].commit_log_offset]
-        assert st.index.entry_count() == 10  # 4 unique keys + 6 key words (the keyless message: none)
+        assert st.index.entry_count() == 11  # 4 unique keys + 7 key words (the keyless messages: none)
         # every record is indexed once, whatever order the appends and the task ran in
-        assert st.index_dispatcher.records_indexed == 5
+        assert st.index_dispatcher.records_indexed == 6
 
 
 async def test_restart_resumes_without_duplicates(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@
 each service handed exactly the collaborators it uses (typed by the small views in broker/deps.py), so a
 missing dependency is a TypeError here and not a SYSTEM_ERROR at request time. ``Broker.run`` starts the
 services in list order (the store is open before anything that needs it), runs their background loops,
-serves, and stops them in reverse order after the server drained (broker/services.py has the lifecycle).
+serves, and stops them in reverse order after the server drained (runtime/daemon.py has the lifecycle).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import trio
 
@@ -35,17 +34,17 @@ from trimq.broker.processors.register import RegisterService, advertised_host
 from trimq.broker.processors.retry import RetryService
 from trimq.broker.processors.send import SendService
 from trimq.broker.processors.subscription_group import SubscriptionGroupService
-from trimq.broker.services import BrokerService
 from trimq.broker.store.message_store import RECLAIM_SETTINGS, MessageStore, StoreConfig
 from trimq.broker.store.offsets import ConsumerOffsetManager, offset_file_path
 from trimq.broker.store.schedule import ScheduleMessageService
 from trimq.broker.store.subscription_groups import SubscriptionGroupManager
 from trimq.broker.store.topics import TopicConfigManager
-from trimq.protocol.address import format_address, parse_address
+from trimq.protocol.address import format_address
+from trimq.runtime.daemon import Service, open_listeners, run_services
 from trimq.runtime.logs import get_logger
 from trimq.runtime.server import RemotingServer
 from trimq.runtime.settings import ConfigError
-from trimq.runtime.tls import server_ssl_context, tls_listeners
+from trimq.runtime.tls import server_ssl_context
 
 log = get_logger("trimq.broker")
 
@@ -128,7 +127,7 @@ class Broker:
             consumers=self.consumer_manager, locks=self.lock_manager)
 
         #: Start order; stopped in reverse. The store first, topics before anything that creates topics.
-        self.services: list[BrokerService] = [
+        self.services: list[Service] = [
             self.basic_service, self.store, topics, self.send_service, self.pull_service, self.admin_topic_service,
             self.query_message_service,
             *([self.namesrv_service] if self.namesrv_service is not None else []), self.register_service,
@@ -161,35 +160,20 @@ class Broker:
 
     async def run(self, *, task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every service, serve until ``shutdown()``, then stop services in reverse order."""
-        host, port = parse_address(self.config.listen)
-        listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
-        if self.ssl_context is not None:
-            listeners = tls_listeners(listeners, self.ssl_context)
-        started: list[BrokerService] = []
+        listeners = await open_listeners(self.config.listen, self.ssl_context)
+
+        async def serve() -> None:
+            async with trio.open_nursery() as serving:
+                await serving.start(self.server.serve_listeners, listeners)
+                self._write_address_file()
+                log.info("broker.started", broker=self.config.broker_name, address=self.address,
+                         store=self.config.store_dir, flush=self.config.flush_disk_type)
+                self.started.set()
+                task_status.started(self)
+
         try:
-            for svc in self.services:
-                await svc.start()
-                started.append(svc)
-            async with trio.open_nursery() as background:
-                for svc in self.services:
-                    await background.start(svc.run)
-                if self.metrics is not None:
-                    await background.start(self.metrics.serve)
-                async with trio.open_nursery() as serving:
-                    await serving.start(self.server.serve_listeners, listeners)
-                    self._write_address_file()
-                    log.info("broker.started", broker=self.config.broker_name, address=self.address,
-                             store=self.config.store_dir, flush=self.config.flush_disk_type)
-                    self.started.set()
-                    task_status.started(self)
-                background.cancel_scope.cancel()
+            await run_services(self.services, serve, background=[self.metrics.serve] if self.metrics else [])
         finally:
-            with trio.CancelScope(shield=True):
-                for svc in reversed(started):
-                    try:
-                        await svc.stop()
-                    except Exception:
-                        log.exception("service.stop_failed", service=svc.name)
             log.info("broker.stopped", broker=self.config.broker_name)
 
     def _write_address_file(self) -> None:

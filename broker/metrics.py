@@ -15,6 +15,7 @@ docs/OPERATIONS.md.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -421,6 +422,7 @@ class BrokerMetrics:
         self.port = config.metrics_port
         self.address: tuple[str, int] | None = None
         self.rpc = RpcMetrics(self.registry, server)
+        self.server = server
         self.append_latency = Histogram("trimq_storage_append_latency_seconds", _doc(
             "trimq_storage_append_latency_seconds"), registry=self.registry, buckets=STORE_BUCKETS)
         self.fsync_latency = Histogram("trimq_storage_fsync_latency_seconds", _doc(
@@ -435,9 +437,12 @@ class BrokerMetrics:
             self.registry.register(more)
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve ``GET /metrics`` until cancelled; ``task_status.started((host, port))``."""
+        """Serve ``/metrics`` and ``/healthz`` (200 while the server serves) until cancelled;
+        ``task_status.started((host, port))``."""
         async with trio.open_nursery() as nursery:
-            self.address = await nursery.start(serve_metrics, self.registry, self.host, self.port)
+            serve = functools.partial(serve_metrics, self.registry, self.host, self.port,
+                                      healthy=lambda: self.server.serving)
+            self.address = await nursery.start(serve)
             log.info("metrics.started", daemon="broker", broker=self.broker_name,
                      address=f"{self.address[0]}:{self.address[1]}")
             task_status.started(self.address)

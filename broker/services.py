@@ -1,30 +1,15 @@
-"""The broker service lifecycle: what ``Broker.run`` starts, runs and stops (broker/broker.py builds them).
+"""Base of the broker services that only answer requests (the lifecycle itself: runtime/daemon.py).
 
-A service is an object with ``name``, ``async start()`` (load state; services start in list order, so the
-store is open before anything that needs it), ``async run(task_status)`` (its background loops, cancelled on
-stop) and ``async stop()`` (persist; called in reverse order after the server drained). Services that answer
-requests register their handlers on the registry they are given, in their constructors.
+A service is an object with ``name``, ``async start()``, ``async run(task_status)`` and ``async stop()``
+(runtime.daemon.Service); ``Broker.run`` starts them in list order and stops them in reverse. Services that
+answer requests register their handlers on the registry they are given, in their constructors.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import trio
 
-__all__ = ["BrokerService", "HandlerService"]
-
-
-class BrokerService(Protocol):
-    """One part of a broker with the start / run / stop lifecycle."""
-
-    name: str
-
-    async def start(self) -> None: ...
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
-
-    async def stop(self) -> None: ...
+__all__ = ["HandlerService"]
 
 
 class HandlerService:

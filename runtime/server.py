@@ -593,6 +593,7 @@ class RemotingServer:
         self._open_callbacks: list[Callable[[Connection], None]] = []
         self._ids = itertools.count(1)
         self._shutdown = trio.Event()
+        self._listening = False  # serve_listeners is accepting (``serving``)
         self._read_scopes: dict[int, trio.CancelScope] = {}
 
     def _release(self, n: int) -> None:
@@ -656,6 +657,11 @@ class RemotingServer:
         """True once ``shutdown()`` was called."""
         return self._shutdown.is_set()
 
+    @property
+    def serving(self) -> bool:
+        """True while requests are served: the listeners are open and no graceful stop has begun (``/healthz``)."""
+        return self._listening and not self._shutdown.is_set()
+
     async def wait_shutdown(self) -> None:
         """Return when a graceful stop begins: services answer held requests and unregister then, so the
         drain is quick."""
@@ -685,8 +691,12 @@ class RemotingServer:
             async with trio.open_nursery() as accepting:
                 for lst in listeners:
                     accepting.start_soon(self._accept_loop, lst, conns)
-                task_status.started(self.addresses)
-                await self._shutdown.wait()
+                self._listening = True
+                try:
+                    task_status.started(self.addresses)
+                    await self._shutdown.wait()
+                finally:
+                    self._listening = False
                 accepting.cancel_scope.cancel()
             for lst in listeners:
                 await lst.aclose()

@@ -7,6 +7,7 @@ Everything but the request latency is read from the route tables when scraped.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -112,12 +113,16 @@ class NamesrvMetrics:
         self.address: tuple[str, int] | None = None
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.rpc = RpcMetrics(self.registry, ns.server)
+        self.server = ns.server
         self.registry.register(NamesrvCollector(ns))
         ProcessCollector(registry=self.registry)
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve ``GET /metrics`` until cancelled; ``task_status.started((host, port))``."""
+        """Serve ``/metrics`` and ``/healthz`` (200 while the server serves) until cancelled;
+        ``task_status.started((host, port))``."""
         async with trio.open_nursery() as nursery:
-            self.address = await nursery.start(serve_metrics, self.registry, self.host, self.port)
+            serve = functools.partial(serve_metrics, self.registry, self.host, self.port,
+                                      healthy=lambda: self.server.serving)
+            self.address = await nursery.start(serve)
             log.info("metrics.started", daemon="namesrv", address=f"{self.address[0]}:{self.address[1]}")
             task_status.started(self.address)

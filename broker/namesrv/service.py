@@ -9,7 +9,6 @@ it registered over closes. Liveness uses the trio clock, so tests can run it und
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
+from trimq.runtime.daemon import open_listeners, run_services
 from trimq.runtime.logs import get_logger
 from trimq.runtime.server import Connection, RemotingServer, RequestError
 from trimq.runtime.settings import setting, validate_dataclass
@@ -234,21 +234,19 @@ async def serve_namesrv(config: NamesrvConfig, *,
         from trimq.broker.namesrv.metrics import NamesrvMetrics
 
         ns.metrics = NamesrvMetrics(ns, config.metrics_host, config.metrics_port)
-    host, port = parse_address(config.listen)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ns.run_scanner)
-        if ns.metrics is not None:
-            await nursery.start(ns.metrics.serve)
-        ssl_context = None
-        if config.tls_cert_file:
-            ssl_context = server_ssl_context(config.tls_cert_file, config.tls_key_file or None,
-                                             config.tls_ca_file or None,
-                                             require_client_cert=config.tls_require_client_cert)
+    ssl_context = None
+    if config.tls_cert_file:
+        ssl_context = server_ssl_context(config.tls_cert_file, config.tls_key_file or None, config.tls_ca_file or None,
+                                         require_client_cert=config.tls_require_client_cert)
+    listeners = await open_listeners(config.listen, ssl_context)
+
+    async def serve() -> None:
         async with trio.open_nursery() as serving:
-            await serving.start(functools.partial(server.serve, host, port, ssl_context=ssl_context))
+            await serving.start(server.serve_listeners, listeners)
             log.info("namesrv.started", address=server.address, tls=ssl_context is not None)
             task_status.started(ns)
-        nursery.cancel_scope.cancel()
+
+    await run_services([NamesrvService(ns)], serve, background=[ns.metrics.serve] if ns.metrics else [])
     log.info("namesrv.stopped")
 
 

@@ -179,6 +179,29 @@ async def test_two_brokers_in_one_process_have_their_own_registries(
         assert a.metrics.registry is not b.metrics.registry
 
 
+async def healthz(address: tuple[str, int]) -> str:
+    """The status line of GET /healthz."""
+    stream = await trio.open_tcp_stream(*address)
+    async with stream:
+        await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data.split(b"\r\n", 1)[0].decode()
+
+
+async def test_healthz_of_both_daemons_is_200_while_they_serve(
+    broker_factory: Callable[..., Any]
+) -> None:
+    async with open_namesrv(config=NamesrvConfig(listen="127.0.0.1:0", metrics_port=free_port())) as ns:
+        assert ns.metrics is not None and ns.metrics.address is not None
+        assert await healthz(ns.metrics.address) == "HTTP/1.1 200 OK"
+    async with broker_factory(metrics_port=free_port(), **QUIET) as b:
+        assert await healthz(b.metrics.address) == "HTTP/1.1 200 OK"
+        b.shutdown()  # the drain has begun: /healthz answers 503 from now on (tests/unit/test_metrics_http.py)
+        assert not b.server.serving
+
+
 async def test_metrics_off_by_default(broker_factory: Callable[..., Any]) -> None:
     async with broker_factory(**QUIET) as b:
         assert b.metrics is None

@@ -4,7 +4,7 @@ connection drops, claimed back after a broker restart).
 
 Broker-side time is an injected clock; the client side runs on trio's MockClock (``autojump_clock``) with a
 fake of the network (the lock answers), as tests/unit/test_chaos_regressions.py does. The same rules over a
-real broker are in tests/integration/test_leases.py.
+real broker are in tests/integration/test_leases.py (this file: the cores).
 """
 
 from __future__ import annotations

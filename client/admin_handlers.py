@@ -16,6 +16,11 @@ MQClientInstance.resetOffset does, for the queues of the table it holds:
 Unlike RocketMQ, queues of the topic that are *not* in the table (another broker's) are left alone, and no
 10 s sleep is needed since commits of dropped queues are never applied.
 
+The request carries the broker's new reset generation (``resetGeneration``, issue 19): the reset queues'
+offsets are persisted under it, and the broker refuses any commit made under an older one. A member that was
+not told (its answer timed out, it missed the request) finds out when a commit of the queue is refused:
+:func:`watch_stale_resets` then drops that queue and reads its offset again, as a reset would have.
+
 Wire fields (docs/PROTOCOL.md §4): ext ``topic``, ``group``, ``timestamp``, ``isForce``; body
 ``{"offsetTable": [{"mq": mq, "offset": int}]}``; response body ``{"consumerGroup", "clientId", "topic",
 "queues": [{"mq", "offset", "previousOffset", "held"}]}``.
@@ -27,7 +32,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trimq.client.offset_store import LocalFileOffsetStore
+from trimq.client.offset_store import LocalFileOffsetStore, RemoteBrokerOffsetStore
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message_queue import MessageQueue
@@ -39,7 +44,7 @@ if TYPE_CHECKING:
 
 log = get_logger("trimq.admin_handlers")
 
-__all__ = ["apply_reset_offset", "parse_reset_body", "register_admin_handlers"]
+__all__ = ["apply_reset_offset", "parse_reset_body", "register_admin_handlers", "resync_queue", "watch_stale_resets"]
 
 ConsumerLookup = Callable[[str], "PushConsumer | None"]
 
@@ -78,11 +83,12 @@ def parse_reset_body(ext: dict[str, Any], body: Any) -> tuple[str, str, dict[Mes
     return group, topic, offsets
 
 
-async def apply_reset_offset(consumer: PushConsumer, topic: str, offsets: dict[MessageQueue, int]) -> list[
-        dict[str, Any]]:
+async def apply_reset_offset(consumer: PushConsumer, topic: str, offsets: dict[MessageQueue, int],
+                             reset_generation: int | None = None) -> list[dict[str, Any]]:
     """Apply a reset to a running push consumer (see the module documentation); one row per queue of
     ``offsets``: ``mq``, ``offset``, ``previousOffset`` (this client's offset in memory, -1 none) and
-    ``held`` (whether this client consumed the queue, so the reset touched it here)."""
+    ``held`` (whether this client consumed the queue, so the reset touched it here). ``reset_generation``:
+    the broker's generation of this reset, which the persisted offsets carry."""
     core = consumer.core
     if core is None or not consumer.running:
         raise LookupError(f"the consumer group {consumer.group_name} is not running")
@@ -102,6 +108,8 @@ async def apply_reset_offset(consumer: PushConsumer, topic: str, offsets: dict[M
         # a dropped queue's batch (it relies on the rebalance's consume lock), but commit() of an emptied
         # process queue is -1; the concurrent service never commits for a dropped queue.
         pq.clear()
+        if reset_generation is not None and isinstance(store, RemoteBrokerOffsetStore):
+            store.set_reset_generation(mq, reset_generation)
         store.update_offset(mq, offset, False)
         held.append(mq)
     if held:
@@ -130,9 +138,34 @@ async def _on_reset_consumer_client_offset(instance: ClientInstance, lookup: Con
     if consumer is None or not consumer.running:
         return RemotingCommand.response_to(
             cmd, ResponseCode.SYSTEM_ERROR, f"the consumer group {group} does not run on client {instance.client_id}")
+    generation = (cmd.ext or {}).get("resetGeneration")
+    generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else None
     try:
-        rows = await apply_reset_offset(consumer, topic, offsets)
+        rows = await apply_reset_offset(consumer, topic, offsets, generation)
     except LookupError as exc:
         return RemotingCommand.response_to(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
     body = {"consumerGroup": group, "clientId": instance.client_id, "topic": topic, "queues": rows}
     return RemotingCommand.response_to(cmd, body=body)
+
+
+def resync_queue(consumer: PushConsumer, mq: MessageQueue) -> None:
+    """Drop ``mq``'s process queue and cached offset and rebalance at once: the queue comes back with its
+    offset (and reset generation) read from the broker — what a reset notification would have done."""
+    core = consumer.core
+    if core is None or not consumer.running:
+        return
+    pq = core.rebalance.process_queue_table.get(mq)
+    if pq is not None:
+        core.rebalance.remove_process_queue(mq, pq)
+        pq.clear()
+    core.offset_store.remove_offset(mq)
+    if consumer.instance is not None:
+        consumer.instance.rebalance_immediately()
+    log.warning("consumer.resync_after_reset", group=consumer.group_name, mq=str(mq), held=pq is not None)
+
+
+def watch_stale_resets(consumer: PushConsumer) -> None:
+    """Resync a queue (:func:`resync_queue`) whose commit the broker refused as made before a reset."""
+    store = consumer.core.offset_store if consumer.core is not None else None
+    if isinstance(store, RemoteBrokerOffsetStore):
+        store.on_stale_reset = functools.partial(resync_queue, consumer)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trimq.client.errors import MQClientError, broker_error
+from trimq.client.errors import MQClientError, StaleResetGenerationError, broker_error
 from trimq.protocol.address import format_address
 from trimq.protocol.codes import RequestCode, ResponseCode, code_name
 from trimq.protocol.command import RemotingCommand
@@ -545,8 +545,11 @@ class MQClientAPI:
         sub_version: int,
         tags: Iterable[str] | None = None,
         timeout_ms: int | None = None,
+        reset_generation: int | None = None,
     ) -> PullResult:
-        """PULL_MESSAGE, decoded and tag-filtered. Other response codes raise MQBrokerError."""
+        """PULL_MESSAGE, decoded and tag-filtered. Other response codes raise MQBrokerError. ``reset_generation``
+        (trimq): the reset generation ``commit_offset`` was read under (a pull made before a reset of the
+        group's offsets does not write its commit offset over it)."""
         ext = {
             "consumerGroup": consumer_group,
             "topic": mq.topic,
@@ -559,6 +562,8 @@ class MQClientAPI:
             "subscription": subscription,
             "subVersion": sub_version,
         }
+        if reset_generation is not None:
+            ext["resetGeneration"] = reset_generation
         # built directly (every field is set): this is the consumer's hottest request
         cmd = RemotingCommand(RequestCode.PULL_MESSAGE, 0, 0, 0, None, ext, None)
         timeout = (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
@@ -592,6 +597,20 @@ class MQClientAPI:
         resp = await self.invoke(addr, RequestCode.QUERY_CONSUMER_OFFSET, ext, timeout_ms=timeout_ms)
         return _int(resp.ext, "offset", "QUERY_CONSUMER_OFFSET", addr)
 
+    async def query_consumer_offset_generation(
+        self, addr: str, consumer_group: str, mq: MessageQueue, *, timeout_ms: int | None = None
+    ) -> tuple[int, int | None]:
+        """QUERY_CONSUMER_OFFSET: (offset, -1 when none is stored; the reset generation it was read under, None
+        from a broker that keeps none). Commits of that offset carry the generation back (issue 19)."""
+        ext = {"consumerGroup": consumer_group, "topic": mq.topic, "queueId": mq.queue_id}
+        resp = await self.invoke(addr, RequestCode.QUERY_CONSUMER_OFFSET, ext, timeout_ms=timeout_ms,
+                                 ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        generation = (resp.ext or {}).get("resetGeneration")
+        generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else None
+        if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            return -1, generation
+        return _int(resp.ext, "offset", "QUERY_CONSUMER_OFFSET", addr), generation
+
     async def update_consumer_offset(
         self,
         addr: str,
@@ -603,10 +622,13 @@ class MQClientAPI:
         oneway: bool = False,
         timeout_ms: int | None = None,
         lock_epoch: int | None = None,
+        reset_generation: int | None = None,
     ) -> None:
         """UPDATE_CONSUMER_OFFSET. A fenced update raises NoPermissionError (not with ``oneway``). ``lock_epoch``
         (trimq): the fencing epoch of the queue lock the offset was consumed under; the broker refuses the
-        update when the queue's lock has been granted with a newer epoch since."""
+        update when the queue's lock has been granted with a newer epoch since. ``reset_generation`` (trimq):
+        the reset generation the offset was read under; an update made before a reset of the group's offsets
+        raises StaleResetGenerationError (a NoPermissionError) naming the broker's current one."""
         ext = {
             "consumerGroup": consumer_group,
             "topic": mq.topic,
@@ -614,11 +636,19 @@ class MQClientAPI:
             "commitOffset": offset,
             "clientId": client_id,
             "lockEpoch": lock_epoch,
+            "resetGeneration": reset_generation,
         }
         if oneway:
             await self.invoke_oneway(addr, RequestCode.UPDATE_CONSUMER_OFFSET, ext)
-        else:
-            await self.invoke(addr, RequestCode.UPDATE_CONSUMER_OFFSET, ext, timeout_ms=timeout_ms)
+            return
+        resp = await self.invoke(addr, RequestCode.UPDATE_CONSUMER_OFFSET, ext, timeout_ms=timeout_ms,
+                                 ok=(ResponseCode.SUCCESS, ResponseCode.NO_PERMISSION))
+        if resp.code == ResponseCode.NO_PERMISSION:
+            current = (resp.ext or {}).get("resetGeneration")
+            if isinstance(current, int) and not isinstance(current, bool):
+                raise StaleResetGenerationError(resp.code, resp.remark, addr, "UPDATE_CONSUMER_OFFSET",
+                                                reset_generation=current)
+            raise broker_error(resp.code, resp.remark, addr, "UPDATE_CONSUMER_OFFSET")
 
     async def get_max_offset(self, addr: str, mq: MessageQueue, *, timeout_ms: int | None = None) -> int:
         """GET_MAX_OFFSET: the next offset to be written (0 for an empty queue)."""

@@ -76,6 +76,16 @@ class NoPermissionError(MQBrokerError):
     """NO_PERMISSION: e.g. a fenced offset update (another client holds the queue's lock) or a read-only broker."""
 
 
+class StaleResetGenerationError(NoPermissionError):
+    """NO_PERMISSION for an offset commit made before a reset of the group's offsets it did not see (issue 19):
+    ``reset_generation`` is the broker's current one. The committer must read the queue's offset again."""
+
+    def __init__(self, code: int, remark: str | None, addr: str | None = None, request: str | None = None, *,
+                 reset_generation: int = 0) -> None:
+        super().__init__(code, remark, addr, request)
+        self.reset_generation = reset_generation
+
+
 class SubscriptionGroupNotExistError(MQBrokerError):
     """SUBSCRIPTION_GROUP_NOT_EXIST."""
 

@@ -13,6 +13,11 @@ each queue lock it holds (:meth:`RemoteBrokerOffsetStore.set_lock_epoch`), and e
 that queue carries it (``lockEpoch``), so the broker refuses a commit made under a lock that has since been
 granted to someone else.
 
+Resets (issue 19): the store remembers, per queue, the reset generation its offset was read under (from
+QUERY_CONSUMER_OFFSET, or from the reset notification, client/admin_handlers.py) and every commit carries it
+(``resetGeneration``); the broker refuses a commit made before a reset the member did not see, and the store
+then calls ``on_stale_reset(mq)`` (the push consumer drops the queue and reads its offset again).
+
 ``read_offset`` returns the offset, ``-1`` when none is stored, ``-2`` when it could not be read (broker
 unreachable or answering an error). Unlike RocketMQ 4.9.3, a broker *error* other than QUERY_NOT_FOUND
 is -2, not -1, so a transient failure is never mistaken for "new group, start from the configured place".
@@ -23,14 +28,21 @@ from __future__ import annotations
 import enum
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
 from trimq.client.api import MQClientAPI
-from trimq.client.errors import MQBrokerError, MQClientError, NoPermissionError, OffsetNotFoundError
+from trimq.client.errors import (
+    MQBrokerError,
+    MQClientError,
+    NoPermissionError,
+    OffsetNotFoundError,
+    StaleResetGenerationError,
+)
+from trimq.protocol.codes import ResponseCode
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.client import RemotingError
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
@@ -154,6 +166,11 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         self._rate = RateLimiter(10_000)
         self._persist_locks: dict[MessageQueue, trio.Lock] = {}
         self._lock_epochs: dict[MessageQueue, int] = {}
+        self._reset_generations: dict[MessageQueue, int] = {}
+        #: Commits the broker refused as made before a reset of the group's offsets.
+        self.stale_reset_updates = 0
+        #: Called with a queue whose commit was refused as made before a reset (the push consumer resyncs it).
+        self.on_stale_reset: Callable[[MessageQueue], None] | None = None
 
     def set_lock_epoch(self, mq: MessageQueue, epoch: int | None) -> None:
         """The fencing epoch of the lock under which ``mq``'s cached offset is (and will be) consumed; sent with
@@ -166,6 +183,17 @@ class RemoteBrokerOffsetStore(_MemoryOps):
     def lock_epoch(self, mq: MessageQueue) -> int | None:
         """The epoch commits of ``mq`` carry, or None."""
         return self._lock_epochs.get(mq)
+
+    def reset_generation(self, mq: MessageQueue) -> int | None:
+        """The reset generation ``mq``'s offset was read under (None: unknown), carried by its commits."""
+        return self._reset_generations.get(mq)
+
+    def set_reset_generation(self, mq: MessageQueue, generation: int | None) -> None:
+        """``mq``'s offset now stands for ``generation`` (a reset notification set it)."""
+        if generation is None:
+            self._reset_generations.pop(mq, None)
+        else:
+            self._reset_generations[mq] = generation
 
     async def load(self) -> None:
         """Nothing to load: offsets are read from the broker when a queue is assigned."""
@@ -191,7 +219,12 @@ class RemoteBrokerOffsetStore(_MemoryOps):
     async def fetch_consume_offset_from_broker(self, mq: MessageQueue) -> int:
         """QUERY_CONSUMER_OFFSET on the queue's broker; raises OffsetNotFoundError when none is stored."""
         addr = await self._addr(mq)
-        return await self.broker.api.query_consumer_offset(addr, self.consumer_group, mq, timeout_ms=self.timeout_ms)
+        offset, generation = await self.broker.api.query_consumer_offset_generation(
+            addr, self.consumer_group, mq, timeout_ms=self.timeout_ms)
+        self.set_reset_generation(mq, generation)
+        if offset < 0:
+            raise OffsetNotFoundError(ResponseCode.QUERY_NOT_FOUND, "no offset stored", addr, "QUERY_CONSUMER_OFFSET")
+        return offset
 
     async def _addr(self, mq: MessageQueue) -> str:
         addr = await self.broker.find_broker_addr(mq.broker_name, mq.topic)
@@ -204,16 +237,23 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         broker fenced the update."""
         addr = await self._addr(mq)
         epoch = self._lock_epochs.get(mq)
+        generation = self._reset_generations.get(mq)
         try:
-            if epoch is None:
-                await self.broker.api.update_consumer_offset(
-                    addr, self.consumer_group, mq, offset, self.broker.client_id, timeout_ms=self.timeout_ms
-                )
-            else:
-                await self.broker.api.update_consumer_offset(
-                    addr, self.consumer_group, mq, offset, self.broker.client_id, timeout_ms=self.timeout_ms,
-                    lock_epoch=epoch,
-                )
+            await self.broker.api.update_consumer_offset(
+                addr, self.consumer_group, mq, offset, self.broker.client_id, timeout_ms=self.timeout_ms,
+                lock_epoch=epoch, reset_generation=generation,
+            )
+        except StaleResetGenerationError as exc:
+            # The offset is from before a reset this member was not told of: never again, read it anew.
+            self.stale_reset_updates += 1
+            log_rate_limited(
+                self._rate, ("reset", mq), _now_ms(), log.warning, "offset.before_reset",
+                group=self.consumer_group, mq=str(mq), offset=offset, reset_generation=generation,
+                current_generation=exc.reset_generation,
+            )
+            if self.on_stale_reset is not None:
+                self.on_stale_reset(mq)
+            return False
         except NoPermissionError as exc:
             self.fenced_updates += 1
             log_rate_limited(
@@ -274,6 +314,7 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         """Forget ``mq``'s cached offset and lock epoch (after persisting it, when the queue is given away)."""
         self.table.remove(mq)
         self._lock_epochs.pop(mq, None)
+        self._reset_generations.pop(mq, None)
 
 
 def default_local_offset_dir(store_id: str, consumer_group: str, base_dir: str = "") -> Path:

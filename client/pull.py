@@ -218,10 +218,14 @@ class PullService:
             return self._later(cfg.pull_time_delay_mills_when_exception)
 
         commit_offset = 0
+        generation = None
         if self.rebalance.clustering:
             stored = await self.offset_store.read_offset(mq, READ_FROM_MEMORY)
             if stored > 0:
                 commit_offset = stored
+                # the reset generation that offset belongs to: a pull made before a reset cannot undo it
+                reset_generation = getattr(self.offset_store, "reset_generation", None)
+                generation = reset_generation(mq) if reset_generation is not None else None
         sys_flag = build_pull_sys_flag(commit_offset > 0, True, True)
 
         self.stats["pulls"] += 1
@@ -243,6 +247,7 @@ class PullService:
                 sub_version=sub.sub_version,
                 tags=sub.tags_set,
                 timeout_ms=cfg.consumer_timeout_millis_when_suspend,
+                reset_generation=generation,
             )
         except (RemotingError, MQBrokerError, MQClientError) as exc:
             self.stats["errors"] += 1

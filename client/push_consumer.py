@@ -39,7 +39,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
-from trimq.client.admin_handlers import register_admin_handlers
+from trimq.client.admin_handlers import register_admin_handlers, watch_stale_resets
 from trimq.client.config import ConfigError, PushConsumerConfig
 from trimq.client.consume.common import ConsumeHooks, ConsumeMessageDirectlyResult, ConsumeStats
 from trimq.client.consume.concurrently import ConsumeMessageConcurrentlyService
@@ -352,6 +352,7 @@ class PushConsumer:
         instance.remoting.register_handler(RequestCode.SKIP_MESSAGE, functools.partial(_on_skip_message, instance))
         # RESET_CONSUMER_CLIENT_OFFSET (220, trimq-admin consumer reset-offset): client/admin_handlers.py
         register_admin_handlers(instance, lambda group: _CONSUMERS.get(instance, {}).get(group))
+        watch_stale_resets(self)  # a member not told of a reset resyncs when a commit is refused (issue 19)
 
     def _unpublish(self) -> None:
         if self.instance is not None:

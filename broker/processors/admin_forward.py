@@ -263,6 +263,7 @@ class AdminForwardService(HandlerService):
         assert topic is not None and group is not None
         timestamp = int_field(ext, "timestamp")
         force = _bool_field(where, ext, "isForce", True)
+        dry_run = _bool_field(where, ext, "dryRun", False)  # trimq: the plan only, nothing changed or told
         tc = self.topics.get(topic)
         if tc is None:
             raise RequestError(ResponseCode.TOPIC_NOT_EXIST,
@@ -275,8 +276,17 @@ class AdminForwardService(HandlerService):
             max_offset=lambda q: store.get_max_offset_in_queue(topic, q),
             consumer_offset=lambda q: om.query_offset(group, topic, q),
         )
+        if dry_run:
+            return RemotingCommand.response_to(cmd, body={
+                "consumerGroup": group, "topic": topic, "timestamp": timestamp, "isForce": force, "dryRun": True,
+                "online": bool(self.consumers.member_connections(group)), "persisted": False, "clients": [],
+                "resetGeneration": om.reset_generation(group, topic),
+                "offsetTable": [{"mq": MessageQueue(topic, self.broker_name, qid).to_wire(), "offset": new,
+                                 "previousOffset": previous} for qid, new, previous in rows]})
         # Written here, synchronously, before any checkpoint: the broker's table is authoritative at once,
-        # for an offline group and for queues no member holds.
+        # for an offline group and for queues no member holds. A new reset generation first: from now on a
+        # commit made before this reset (a oneway one on the wire, a member not told) is refused (issue 19).
+        generation = om.bump_reset_generation(group, topic)
         for qid, new, _previous in rows:
             om.reset_offset(group, topic, qid, new)
         self.stats["resets"] += 1
@@ -285,7 +295,8 @@ class AdminForwardService(HandlerService):
         members = self.consumers.member_connections(group)
         clients: list[dict[str, Any]] = []
         if members:
-            fwd = {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force}
+            fwd = {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force,
+                   "resetGeneration": generation}
 
             async def notify(cid: str, c: Connection) -> None:
                 entry: dict[str, Any] = {"clientId": cid, "ok": False, "remark": None, "queues": []}
@@ -316,6 +327,7 @@ class AdminForwardService(HandlerService):
             "isForce": force,
             "online": bool(members),
             "persisted": persisted,
+            "resetGeneration": generation,
             "offsetTable": [
                 {"mq": MessageQueue(topic, self.broker_name, qid).to_wire(), "offset": new, "previousOffset": previous}
                 for qid, new, previous in rows

@@ -353,10 +353,13 @@ class CoordinationService:
         topic = _field(where, cmd.ext, "topic", "topic")
         qid = _queue_id(where, cmd.ext)
         offset = self.offset_manager.query_offset(group, topic, qid)
+        # The reset generation the offset is read under: the member's commits carry it back (issue 19).
+        generation = self.offset_manager.reset_generation(group, topic)
         if offset < 0:
-            raise RequestError(ResponseCode.QUERY_NOT_FOUND,
-                               f"no offset stored for group {group} on {topic} queue {qid}")
-        return RemotingCommand.response_to(cmd, ext={"offset": offset})
+            return RemotingCommand.response_to(cmd, ResponseCode.QUERY_NOT_FOUND,
+                                               f"no offset stored for group {group} on {topic} queue {qid}",
+                                               ext={"resetGeneration": generation})
+        return RemotingCommand.response_to(cmd, ext={"offset": offset, "resetGeneration": generation})
 
     async def update_consumer_offset(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """UPDATE_CONSUMER_OFFSET (15, also oneway): store the offset; NO_PERMISSION when fenced."""
@@ -368,6 +371,16 @@ class CoordinationService:
         if offset < 0:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"{where}: field 'commitOffset' must be >= 0, got {offset}")
         client_id = _field(where, cmd.ext, "clientId", "str", required=False) or conn.attributes.get("client_id")
+        generation = _field(where, cmd.ext, "resetGeneration", "int", required=False)
+        current = self.offset_manager.stale_reset_generation(group, topic, generation)
+        if current is not None:  # made before a reset it did not see (issue 19): counted and logged there
+            self.offset_manager.commit_offset(group, topic, qid, offset, client_id, source="update",
+                                              reset_generation=generation)
+            return RemotingCommand.response_to(
+                cmd, ResponseCode.NO_PERMISSION,
+                f"offset update refused: the offsets of {topic} of group {group} were reset (reset generation "
+                f"{current}) after this commit's offset was read (generation {generation}); read the offset again",
+                ext={"resetGeneration": current})
         om = self.offset_manager
         owner = om.fencing_owner(group, topic, qid, client_id)
         if not om.commit_offset(group, topic, qid, offset, client_id, source="update"):

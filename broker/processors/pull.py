@@ -280,8 +280,10 @@ class PullService:
         commit = int_field(ext, "commitOffset", -1)
         if commit < 0:
             return
+        generation = int_field(ext, "resetGeneration", -1)  # a pull sent before a reset is refused (issue 19)
         try:
-            self.offsets.commit_offset(group, topic, queue_id, commit, conn.attributes.get("client_id"), source="pull")
+            self.offsets.commit_offset(group, topic, queue_id, commit, conn.attributes.get("client_id"), source="pull",
+                                       reset_generation=generation if generation >= 0 else None)
         except Exception:
             log.exception("pull.commit_offset_failed", group=group, topic=topic, queue_id=queue_id)
 

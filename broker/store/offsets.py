@@ -14,6 +14,14 @@ Two deliberate differences from RocketMQ:
   queue's latest grant: a paused or cut-off ex-holder cannot rewind a queue whose lock has been granted to
   someone since, whatever the lock table says now. Refusals are logged (rate-limited) and counted in
   ``fenced_updates``.
+* **Reset generation** (issue 19): every offset reset of a group's topic (INVOKE_BROKER_TO_RESET_OFFSET) bumps
+  that ``topic@group``'s generation; members learn it from QUERY_CONSUMER_OFFSET and from the reset
+  notification, and their commits (UPDATE_CONSUMER_OFFSET, a pull's commit offset) carry the generation their
+  offset was read under (``resetGeneration``). A commit carrying an older generation was made before a reset
+  it did not see — a oneway commit on the wire, a member whose notification failed — and is refused, so it
+  cannot write the old position back over the reset. Locks play no part: it works for concurrent groups too.
+  Commits without the field (RocketMQ's clients) are judged as before. The table is persisted with the
+  offsets (``resetGenerationTable``, which RocketMQ ignores) and never goes back.
 * **Fencing by owner** (DESIGN.md §6.2), for updates without an epoch (pull commit offsets, older clients):
   for a group consuming orderly, an update for a queue whose *live* broker lock belongs to another client is
   refused the same way. A queue nobody holds live accepts them from anyone (RocketMQ compatibility:
@@ -122,6 +130,9 @@ class ConsumerOffsetManager:
         self.applied_updates = 0
         #: Pull commit offsets ignored because the stored offset was already further (see commit_offset).
         self.stale_pull_commits = 0
+        self._reset_generations: dict[str, int] = {}  # "topic@group" -> generation (0: never reset)
+        #: Commits refused per group because they were made before a reset (an older reset generation).
+        self.stale_generation_updates: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ queries
 
@@ -177,8 +188,28 @@ class ConsumerOffsetManager:
         current = self.lock_manager.current_epoch(group, MessageQueue(topic, self.broker_name, queue_id))
         return current if current is not None and lock_epoch < current else None
 
+    def reset_generation(self, group: str, topic: str) -> int:
+        """How many times the group's offsets of ``topic`` were reset (0: never)."""
+        return self._reset_generations.get(self.key(group, topic), 0)
+
+    def bump_reset_generation(self, group: str, topic: str) -> int:
+        """A reset of the group's offsets of ``topic`` begins: the new generation (persisted with the offsets)."""
+        k = self.key(group, topic)
+        generation = self._reset_generations.get(k, 0) + 1
+        self._reset_generations[k] = generation
+        self._version += 1
+        return generation
+
+    def stale_reset_generation(self, group: str, topic: str, generation: int | None) -> int | None:
+        """The current generation when ``generation`` is older (a commit made before a reset: refuse it), else
+        None (also for a commit that carries none)."""
+        if generation is None:
+            return None
+        current = self._reset_generations.get(self.key(group, topic), 0)
+        return current if generation < current else None
+
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, client_id: str | None, *,
-                      source: str, lock_epoch: int | None = None) -> bool:
+                      source: str, lock_epoch: int | None = None, reset_generation: int | None = None) -> bool:
         """Store ``offset`` for the queue unless fenced; False (and counted, logged rate-limited) when fenced.
 
         ``source`` says where the update came from (``update`` for UPDATE_CONSUMER_OFFSET, ``pull`` for a
@@ -191,8 +222,21 @@ class ConsumerOffsetManager:
         connection's requests as concurrent tasks in no fixed order, so a long-poll carrying offset N can be
         applied after an UPDATE_CONSUMER_OFFSET of N+k sent later: applying it would rewind the queue and
         make its next owner consume N..N+k-1 again (found by the chaos suite). Explicit updates may rewind.
+
+        ``reset_generation``: the reset generation the sender's offset was read under; an older one than the
+        current is refused first (``stale_reset_generation``, counted in ``stale_generation_updates``).
         """
         _check_offset(offset)
+        generation = self.stale_reset_generation(group, topic, reset_generation)
+        if generation is not None:
+            self.stale_generation_updates[group] += 1
+            log_rate_limited(
+                self._fenced_log, ("reset", group, topic, queue_id, client_id), self._now_ms(), log.warning,
+                "offset.before_reset", group=group, topic=topic, queue_id=queue_id, offset=offset,
+                client_id=client_id, reset_generation=reset_generation, current_generation=generation, source=source,
+                refused_total=self.stale_generation_updates[group],
+            )
+            return False
         if lock_epoch is not None:
             current = self.stale_epoch(group, topic, queue_id, lock_epoch)
             if current is not None:
@@ -278,8 +322,13 @@ class ConsumerOffsetManager:
         return self._version != self._persisted_version
 
     def encode(self) -> dict[str, Any]:
-        """The file content: RocketMQ's ``{"offsetTable": {"topic@group": {"<queueId>": offset}}}``."""
-        return {"offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self._table.items())}}
+        """The file content: RocketMQ's ``{"offsetTable": {"topic@group": {"<queueId>": offset}}}``, plus
+        ``"resetGenerationTable": {"topic@group": generation}`` once a reset happened."""
+        doc: dict[str, Any] = {
+            "offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self._table.items())}}
+        if self._reset_generations:
+            doc["resetGenerationTable"] = dict(sorted(self._reset_generations.items()))
+        return doc
 
     def snapshot(self) -> tuple[int, dict[str, Any]]:
         """(version, file content) taken at once, so it can be written from a thread while updates go on."""
@@ -328,6 +377,10 @@ class ConsumerOffsetManager:
                                 reason="queue id and offset must be non-negative integers")
                     continue
                 loaded.setdefault(k, {})[qid] = o
+        generations = data.get("resetGenerationTable")
+        self._reset_generations = {
+            str(k): g for k, g in (generations.items() if isinstance(generations, dict) else ())
+            if TOPIC_GROUP_SEPARATOR in str(k) and isinstance(g, int) and not isinstance(g, bool) and g > 0}
         self._table = loaded
         self._updated_at.clear()
         self._version = self._persisted_version = 0

@@ -65,9 +65,17 @@ class FakeApi:
         except KeyError:
             raise OffsetNotFoundError(ResponseCode.QUERY_NOT_FOUND, "not found", addr) from None
 
+    async def query_consumer_offset_generation(self, addr: str, group: str, m: MessageQueue, *,
+                                               timeout_ms: Any = None) -> tuple[int, int | None]:
+        try:
+            return await self.query_consumer_offset(addr, group, m, timeout_ms=timeout_ms), None
+        except OffsetNotFoundError:
+            return -1, None
+
     async def update_consumer_offset(self, addr: str, group: str, m: MessageQueue, offset: int,
                                      client_id: str | None = None, *, oneway: bool = False,
-                                     timeout_ms: Any = None) -> None:
+                                     timeout_ms: Any = None, lock_epoch: int | None = None,
+                                     reset_generation: int | None = None) -> None:
         if self.down:
             raise RemotingConnectError(f"cannot connect to {addr}")
         if m in self.fenced:

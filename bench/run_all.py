@@ -1,6 +1,7 @@
 """``make bench``: every benchmark of the project, bounded in time, with trimq/Redis ratios from one run.
 
-    python -m bench.run_all [--runs 3] [--spark] [--no-storage] [--no-takeover] [--no-variants] [--messages N]
+    python -m bench.run_all [--runs 3] [--no-spark] [--spark-messages N] [--no-storage] [--no-takeover]
+                            [--no-variants] [--messages N]
 
 1. ``bench.storage_bench`` in quick mode (raw append / pull through the real transport).
 2. The shared peer workload (``../shared/bench/peers``: 8 queues, 1000 keys, 100k x 256 B, one ordered
@@ -9,7 +10,9 @@
    (``pull_interval`` 20 ms) unless ``--no-variants``.
 3. Graceful takeover and SIGKILL failover of an orderly consumer (``bench.takeover``; the SIGKILL case
    waits out the broker's lock expiry, up to ~80 s).
-4. ``bench.spark_bench`` (only with ``--spark``: it takes minutes).
+4. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
+   (``bench.audit_reference``) on a generated store of ``--spark-messages`` messages (default 10M, about
+   4.3 GB of disk and several minutes; ``--no-spark`` skips it).
 
 Everything is written under ``bench/results/`` (one JSON per row, ``summary.json``) and summarised in
 ``bench/results/REPORT.md``, tables ready for bench/RESULTS.md. Servers listen on 127.0.0.1 and are stopped
@@ -227,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="runs per peer and mode (medians are quoted)")
     p.add_argument("--messages", type=int, default=100_000)
-    p.add_argument("--spark", action="store_true", help="also run bench.spark_bench (minutes)")
+    p.add_argument("--spark", action="store_true", help=argparse.SUPPRESS)  # the default now
+    p.add_argument("--no-spark", action="store_true", help="skip bench.spark_bench (minutes, ~4.3 GB of disk)")
+    p.add_argument("--spark-messages", type=int, default=10_000_000,
+                   help="messages in the audit benchmark's store (default 10M)")
     p.add_argument("--no-storage", action="store_true")
     p.add_argument("--no-takeover", action="store_true")
     p.add_argument("--no-variants", action="store_true", help="skip the pull_interval 20 ms trimq row")
@@ -278,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             if run_step(f"takeover {scenario}", py("bench.takeover", "--scenario", scenario, "--results",
                                                    str(results)), timeout=400) != 0:
                 rc = 1
-    if args.spark:
-        run_step("spark_bench", py("bench.spark_bench", "--size-gib", "1"), timeout=3600)
+    if not args.no_spark and run_step("spark_bench", py("bench.spark_bench", "--messages", str(args.spark_messages),
+                                                        "--results", str(results)), timeout=3600) != 0:
+        rc = 1
     meta["wall_s"] = round(time.monotonic() - t_start, 1)
     text = report(results, meta)
     (results / "REPORT.md").write_text(text + "\n")

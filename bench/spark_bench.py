@@ -1,148 +1,58 @@
-"""Commit-log read benchmark: the trimq-commitlog data source on Spark vs a plain single-process parser.
+"""Audit benchmark: the trimq-commitlog data source and the full ``trimq-audit`` against a frozen reference.
 
-    python -m bench.spark_bench [--size-gib 1] [--master local[2]] [--split-size 64m] [--dir DIR] [--keep]
+    python -m bench.spark_bench [--messages 10000000] [--master local[2]] [--split-size 64m] [--dir DIR] [--keep]
 
-Generates a commit log of ``--size-gib`` GiB (1 GiB segments, RocketMQ's default) with
-``protocol.record.encode_record``: a block of a few MB of varied records (8 topics x 8 queues, keys, tags,
-a unique key, bodies of 200-1800 bytes, IPv4 and IPv6 born hosts) is encoded once and replicated with
-patched queue and physical offsets, so generation costs little more than writing the bytes.
+1. Generates a store of ``--messages`` messages (``bench.audit_store_gen``: 256-byte bodies, one topic of 8
+   queues, 1000 keys, 1 GiB segments, consume queues, consumer offsets) and reads it once into the page
+   cache.
+2. Reference: ``bench.audit_reference`` (a plain single-process struct loop, stdlib only, frozen) writes
+   the same report; its record loop (parse + CRC + order/key/offset bookkeeping) gives the reference
+   parse rate, and ``--parse-only`` the rate of parse + CRC alone.
+3. Data source: ``spark.read.format("trimq-commitlog")`` on ``--master`` with the audit's projection
+   (``checks.AUDIT_COLUMNS``) and with the full record schema, aggregated on the JVM side (count, bytes,
+   CRC failures), after a warm-up read; rows/s and rows per CPU-second (JVM + Python workers).
+4. End to end: the ``trimq-audit`` console script in its own process (Spark start-up included), its wall
+   time and CPU time against the reference's.
+5. The two reports must agree: every check's counts by kind, messages, lineage, lag, per-topic sizes.
 
-Then it reads the same files twice, side by side in one run:
-
-* plain: ``trimq.spark_jobs.parser`` in this one process, whole segments, rows as tuples (CRC checked);
-* spark: ``spark.read.format("trimq-commitlog")`` on ``--master`` (local[2] by default), byte-range
-  partitions of ``--split-size``, Arrow batches, aggregated on the JVM side (count, bytes, CRC failures).
-
-It prints rows/s for both and their ratio (the goal on 2 cores is >= 1.7x), checks that both saw the same
-rows, and reports the peak RSS of the Spark Python workers (sampled with psutil every 50 ms; the sum
-counts pages shared between forked workers more than once). The Spark time excludes session start and a
-warm-up query (the first Data Source query of a session pays for starting its Python workers).
+Targets (issue 21): data source >= 3x the reference parse rate (>= 1M rows/s on 2 cores); the full audit
+>= 1.0x the reference end to end. Results go to ``bench/results/spark_bench.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import random
+import resource
 import shutil
-import struct
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from trimq.protocol.message import encode_properties
-from trimq.protocol.record import encode_blank, encode_record
-
-SEGMENT_SIZE = 1 << 30
-BLOCK_TARGET = 4 << 20
-TOPICS = [f"BenchTopic{i}" for i in range(8)]
-QUEUES = 8
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
 
 
-def build_block(seed: int = 7) -> tuple[bytes, list[tuple[int, int, int]]]:
-    """Records of varied shape; returns the bytes and, per record, (position, queue index, offset in it)."""
-    rnd = random.Random(seed)
-    parts: list[bytes] = []
-    meta: list[tuple[int, int, int]] = []
-    counts = [0] * (len(TOPICS) * QUEUES)
-    pos = 0
-    i = 0
-    while pos < BLOCK_TARGET:
-        t = rnd.randrange(len(TOPICS))
-        key = f"order-{rnd.randrange(100_000)}"
-        q = int(key[6:]) % QUEUES
-        qi = t * QUEUES + q
-        props = {"KEYS": key, "TAGS": rnd.choice(["created", "paid", "shipped"]), "WAIT": "true",
-                 "UNIQ_KEY": f"0A0000010000{i:020X}"}
-        body = rnd.randbytes(rnd.randrange(200, 1800))
-        rec = encode_record(
-            topic=TOPICS[t], body=body, queue_id=q, queue_offset=counts[qi], physical_offset=pos,
-            properties=encode_properties(props), born_timestamp=1_700_000_000_000 + i,
-            born_host=("2001:db8::1", 50000) if i % 5 == 0 else ("192.168.1.20", 50000),
-            store_timestamp=1_700_000_000_005 + i, store_host=("10.0.0.1", 10911),
-        )
-        parts.append(rec)
-        meta.append((pos, qi, counts[qi]))
-        counts[qi] += 1
-        pos += len(rec)
-        i += 1
-    return b"".join(parts), meta
+class CpuSampler:
+    """CPU seconds of this process's children (the JVM and its Python workers) over an interval."""
 
-
-def generate(directory: Path, size_bytes: int) -> tuple[int, int]:
-    """Write the commit log; returns (records, bytes of records).
-
-    Copy c of the block gives the k-th record of a queue the offset (records of that queue in the
-    copies before) + k, so every queue stays contiguous; physical offsets are patched to the position.
-    """
-    block, meta = build_block()
-    ends = [m[0] for m in meta[1:]] + [len(block)]
-    seg_size = min(SEGMENT_SIZE, size_bytes)
-    n_segments = max(1, -(-size_bytes // seg_size))
-    cl = directory / "commitlog"
-    cl.mkdir(parents=True, exist_ok=True)
-    buf = bytearray(block)
-    done = [0] * (len(TOPICS) * QUEUES)  # records written so far per queue
-    records = data_bytes = 0
-    pack_q = struct.Struct(">q").pack_into
-    for s in range(n_segments):
-        base = s * seg_size
-        with open(cl / f"{base:020d}", "wb") as f:
-            pos = 0
-            while True:
-                n_rec = len(meta)
-                while n_rec and pos + ends[n_rec - 1] + 8 > seg_size:
-                    n_rec -= 1  # the last copy: only the records that still fit (with room for the filler)
-                if n_rec == 0:
-                    break
-                for rpos, qi, k in meta[:n_rec]:
-                    pack_q(buf, rpos + 20, done[qi] + k)
-                    pack_q(buf, rpos + 28, base + pos + rpos)
-                n = ends[n_rec - 1]
-                f.write(memoryview(buf)[:n])
-                for _, qi, _ in meta[:n_rec]:
-                    done[qi] += 1
-                records += n_rec
-                data_bytes += n
-                pos += n
-                if n_rec < len(meta):
-                    break
-            f.write(encode_blank(seg_size - pos))
-            f.truncate(seg_size)
-    return records, data_bytes
-
-
-class RssSampler:
-    """Peak RSS of the Spark Python workers (children of our JVM), and CPU time of them and the JVM."""
-
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float = 0.1) -> None:
         import psutil
 
         self.psutil = psutil
         self.interval = interval
-        self.peak_sum = 0
-        self.peak_one = 0
-        self.workers_seen: set[int] = set()
-        self.cpu: dict[int, tuple[str, float]] = {}  # pid -> (kind, user+system seconds at last sample)
-        self._cpu_start: dict[int, float] = {}
+        self.cpu: dict[int, tuple[str, float]] = {}
+        self.start: dict[int, float] = {}
         self._stop = threading.Event()
-        self._started = False
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._first = True
 
-    def _python_workers(self) -> Iterator[object]:
-        me = self.psutil.Process()
-        for child in me.children(recursive=True):
-            try:
-                # The read workers (forked by "pyspark.daemon pyspark.worker"), not the planners.
-                if "pyspark.worker" in " ".join(child.cmdline()):
-                    yield child
-            except self.psutil.Error:
-                continue
-
-    def _sample_cpu(self) -> None:
+    def _sample(self) -> None:
         for p in self.psutil.Process().children(recursive=True):
             try:
                 t = p.cpu_times()
@@ -150,159 +60,205 @@ class RssSampler:
             except self.psutil.Error:
                 continue
             used = t.user + t.system
-            self._cpu_start.setdefault(p.pid, 0.0 if self._started else used)
+            self.start.setdefault(p.pid, used if self._first else 0.0)
             self.cpu[p.pid] = (kind, used)
 
-    def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds used during the sampled interval, per kind of process (jvm, python)."""
-        out = {"jvm": 0.0, "python": 0.0}
-        for pid, (kind, used) in self.cpu.items():
-            out[kind] += used - self._cpu_start.get(pid, 0.0)
-        return out
-
     def _run(self) -> None:
-        self._sample_cpu()
-        self._started = True
         while not self._stop.is_set():
-            self._sample_cpu()
-            total = 0
-            for p in self._python_workers():
-                try:
-                    rss = p.memory_info().rss  # type: ignore[attr-defined]
-                except self.psutil.Error:
-                    continue
-                self.workers_seen.add(p.pid)  # type: ignore[attr-defined]
-                total += rss
-                self.peak_one = max(self.peak_one, rss)
-            self.peak_sum = max(self.peak_sum, total)
+            self._sample()
+            self._first = False
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> RssSampler:
+    def seconds(self) -> dict[str, float]:
+        out = {"jvm": 0.0, "python": 0.0}
+        for pid, (kind, used) in self.cpu.items():
+            out[kind] += used - self.start.get(pid, 0.0)
+        return out
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._first = False
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._sample_cpu()
+        self._sample()
 
 
-def run_plain(store: Path) -> tuple[float, int, int, int]:
-    """Single process: every segment whole, rows as tuples. Returns (seconds, rows, bytes, crc failures)."""
-    from trimq.spark_jobs.parser import COLUMN_INDEX, scan_paths
-
-    i_size, i_crc = COLUMN_INDEX["total_size"], COLUMN_INDEX["crc_ok"]
-    rows = size = bad = 0
+def run_timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run a command; returns (wall seconds, CPU seconds of it and its children, result)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    c0 = time.process_time()
-    for batch in scan_paths(str(store)):
-        rows += len(batch.rows)
-        for r in batch.rows:
-            size += r[i_size]
-            if r[i_crc] is False:
-                bad += 1
-    global PLAIN_CPU
-    PLAIN_CPU = time.process_time() - c0
-    return time.perf_counter() - t0, rows, size, bad
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc
 
 
-PLAIN_CPU = 0.0
+def warm_page_cache(store: Path) -> None:
+    for p in sorted((store / "commitlog").iterdir()):
+        with open(p, "rb") as f:
+            while f.read(16 << 20):
+                pass
 
 
-def run_spark(
-    store: Path, warmup: Path, master: str, split_size: str, runs: int
-) -> tuple[list[float], int, int, int, RssSampler, float]:
-    """Time ``runs`` full reads (after a warm-up read of a small log). Returns the times, the last run's
-    rows/bytes/CRC failures, the sampler of all timed runs and the session start time."""
+def spark_reads(store: Path, warmup: Path, master: str, split_size: str, driver_memory: str) -> dict[str, Any]:
+    """Timed data-source reads: the audit projection and the full schema."""
     from pyspark.sql import functions as F
 
+    from trimq.spark_jobs.checks import AUDIT_COLUMNS
     from trimq.spark_jobs.commitlog_source import FORMAT_NAME, register
     from trimq.spark_jobs.session import build_session, stop_session
 
     t0 = time.perf_counter()
-    spark = build_session(master, app_name="trimq-spark-bench", conf={"spark.driver.memory": "2g"})
+    spark = build_session(master, app_name="trimq-spark-bench", conf={"spark.driver.memory": driver_memory})
     startup = time.perf_counter() - t0
+    out: dict[str, Any] = {"session_start_s": round(startup, 2)}
     try:
         register(spark)
-        # Warm-up: start the Python workers and let the JVM compile the read path.
-        spark.read.format(FORMAT_NAME).option("splitSize", "4m").load(str(warmup)).count()
-        times = []
-        with RssSampler() as sampler:
-            for _ in range(runs):
-                # A new DataFrame each time: re-running one would reuse its finished shuffle stage.
-                df = spark.read.format(FORMAT_NAME).option("splitSize", split_size).load(str(store))
-                agg = df.agg(
-                    F.count(F.lit(1)).alias("rows"),
-                    F.sum("total_size").alias("bytes"),
-                    F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("bad"),
-                )
+        for cols in (None, AUDIT_COLUMNS):
+            reader = spark.read.format(FORMAT_NAME).option("splitSize", "4m")
+            if cols:
+                reader = reader.option("columns", ",".join(cols))
+            reader.load(str(warmup)).count()  # start the Python workers, compile the read path
+        for name, cols in (("audit_projection", AUDIT_COLUMNS), ("full_schema", None)):
+            reader = spark.read.format(FORMAT_NAME).option("splitSize", split_size)
+            if cols:
+                reader = reader.option("columns", ",".join(cols))
+            df = reader.load(str(store))
+            agg = df.agg(F.count(F.lit(1)).alias("rows"), F.sum("total_size").alias("bytes"),
+                         F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("bad"))
+            with CpuSampler() as cpu:
                 t1 = time.perf_counter()
                 row = agg.collect()[0]
-                times.append(time.perf_counter() - t1)
-        return times, int(row["rows"]), int(row["bytes"]), int(row["bad"]), sampler, startup
+                wall = time.perf_counter() - t1
+            c = cpu.seconds()
+            rows = int(row["rows"])
+            out[name] = {"rows": rows, "bytes": int(row["bytes"]), "crc_failures": int(row["bad"]),
+                         "wall_s": round(wall, 2), "rows_per_s": round(rows / wall),
+                         "cpu_s": {k: round(v, 1) for k, v in c.items()},
+                         "rows_per_cpu_s": round(rows / max(c["jvm"] + c["python"], 1e-9))}
     finally:
         stop_session(spark)
+    return out
+
+
+def compare(audit: dict[str, Any], ref: dict[str, Any]) -> list[str]:
+    """Differences between the audit's summary and the reference's (empty: the same report)."""
+    diffs = []
+    for name, res in ref["checks"].items():
+        got = audit["checks"].get(name, {}).get("by_kind")
+        if got != res["by_kind"]:
+            diffs.append(f"checks.{name}: audit {got} reference {res['by_kind']}")
+    for key in ("messages", "malformed_rows", "message_bytes", "topics", "first_store_timestamp",
+                "last_store_timestamp"):
+        if audit["records"][key] != ref["records"][key]:
+            diffs.append(f"records.{key}: audit {audit['records'][key]} reference {ref['records'][key]}")
+    for key in ("chains", "dead_lettered", "retry_deliveries", "dlq_arrivals", "per_group"):
+        if audit["lineage"][key] != ref["lineage"][key]:
+            diffs.append(f"lineage.{key} differs")
+    if audit["lag"]["total_lag"] != ref["lag"]["total_lag"]:
+        diffs.append(f"lag.total_lag: audit {audit['lag']['total_lag']} reference {ref['lag']['total_lag']}")
+    fields = ("topic", "messages", "bytes", "queues", "min_size", "p50_size", "p90_size", "p99_size", "max_size",
+              "first_store_timestamp", "last_store_timestamp")
+    a_sizes = [{k: r.get(k) for k in fields} for r in audit["throughput"]["per_topic"]]
+    r_sizes = [{k: r.get(k) for k in fields} for r in ref["throughput"]["per_topic"]]
+    if a_sizes != r_sizes:
+        diffs.append("throughput.per_topic differs")
+    if (audit["defects"], audit["exit_code"]) != (ref["defects"], ref["exit_code"]):
+        diffs.append("defects/exit code differ")
+    return diffs
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.spark_bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--size-gib", type=float, default=1.0, help="commit-log size to generate (default 1)")
+    ap.add_argument("--messages", type=int, default=10_000_000, help="store size in messages (default 10M)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--split-size", default="64m")
+    ap.add_argument("--driver-memory", default="6g", help="spark.driver.memory (local mode: the whole JVM)")
     ap.add_argument("--dir", help="where to generate (default: a temp dir, removed afterwards)")
-    ap.add_argument("--keep", action="store_true", help="keep the generated files")
-    ap.add_argument("--runs", type=int, default=2, help="timed runs of each reader; the best counts (default 2)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated store")
+    ap.add_argument("--skip-reads", action="store_true", help="skip the data-source reads (step 3)")
+    ap.add_argument("--results", default=str(RESULTS), help="directory for spark_bench.json")
     args = ap.parse_args(argv)
-    if args.size_gib <= 0:
-        ap.error("--size-gib must be positive")
+    if args.messages <= 0:
+        ap.error("--messages must be positive")
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="trimq-spark-bench-"))
+    store, out = root / "store", root / "audit"
+    result: dict[str, Any] = {"messages": args.messages, "master": args.master, "cpus": os.cpu_count()}
     try:
-        t0 = time.perf_counter()
-        records, data_bytes = generate(root, int(args.size_gib * (1 << 30)))
-        gen = time.perf_counter() - t0
-        print(f"generated {records:,} records, {data_bytes / (1 << 20):,.0f} MiB in {gen:.1f} s under {root}")
-        # Read once so both runs start from the page cache.
-        for p in sorted((root / "commitlog").iterdir()):
-            with open(p, "rb") as f:
-                while f.read(16 << 20):
-                    pass
-        generate(root / "warmup", 32 << 20)
-        p_times = []
-        for _ in range(max(args.runs, 1)):
-            p_time, p_rows, p_bytes, p_bad = run_plain(root)
-            p_times.append(p_time)
-        p_best = min(p_times)
-        print(f"plain parser (1 process):         {p_rows:>10,} rows, best of {len(p_times)} "
-              f"{p_best:6.2f} s = {p_rows / p_best:>9,.0f} rows/s  (runs: {_fmt(p_times)})")
-        s_times, s_rows, s_bytes, s_bad, sampler, startup = run_spark(
-            root, root / "warmup", args.master, args.split_size, max(args.runs, 1)
-        )
-        s_best = min(s_times)
-        print(f"spark data source ({args.master}):   {s_rows:>10,} rows, best of {len(s_times)} "
-              f"{s_best:6.2f} s = {s_rows / s_best:>9,.0f} rows/s  (runs: {_fmt(s_times)}; "
-              f"session start {startup:.1f} s not counted)")
-        ratio = (s_rows / s_best) / (p_rows / p_best)
-        print(f"ratio spark/plain: {ratio:.2f}x (goal >= 1.7x on 2 cores)")
-        cpu = sampler.cpu_seconds()
-        total_cpu = cpu["jvm"] + cpu["python"]
-        runs = len(s_times)
-        print(f"cpu per run: plain {PLAIN_CPU:.1f} s ({p_rows / max(PLAIN_CPU, 1e-9):,.0f} rows/cpu-s); "
-              f"spark python workers {cpu['python'] / runs:.1f} s + jvm {cpu['jvm'] / runs:.1f} s "
-              f"({s_rows * runs / max(total_cpu, 1e-9):,.0f} rows/cpu-s)")
-        print(f"python workers: peak RSS {sampler.peak_one / (1 << 20):,.0f} MiB for one, "
-              f"{sampler.peak_sum / (1 << 20):,.0f} MiB summed over {len(sampler.workers_seen)} process(es)")
-        same = (p_rows, p_bytes, p_bad) == (s_rows, s_bytes, s_bad) == (records, data_bytes, 0)
-        print(f"same rows, bytes and CRC failures in both: {'yes' if same else 'NO'} "
-              f"(plain {p_rows}/{p_bytes}/{p_bad}, spark {s_rows}/{s_bytes}/{s_bad})")
-        print(f"load average during the run: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-        return 0 if same else 1
+        from bench.audit_store_gen import generate
+
+        if not (store / "commitlog").is_dir():
+            t0 = time.perf_counter()
+            info = generate(store, args.messages)
+            gen = time.perf_counter() - t0
+            result["generate"] = {**info, "seconds": round(gen, 1)}
+            print(f"generated {args.messages:,} messages, {info['commitlog_bytes'] / (1 << 20):,.0f} MiB of records "
+                  f"in {info['segments']} segment(s) in {gen:.1f} s under {store}", flush=True)
+        generate(root / "warmup", 50_000)
+        warm_page_cache(store)
+
+        # The reference: parse + CRC only, then the whole report.
+        py = sys.executable
+        _, _, proc = run_timed([py, "-m", "bench.audit_reference", "--store", str(store), "--parse-only"])
+        parse_only = json.loads(proc.stdout)
+        p_rate = parse_only["records"]["messages"] / parse_only["timing"]["loop_s"]
+        ref_json = root / "reference.json"
+        r_wall, r_cpu, proc = run_timed([py, "-m", "bench.audit_reference", "--store", str(store), "--out",
+                                         str(ref_json)])
+        ref = json.loads(ref_json.read_text())
+        loop_rate = ref["timing"]["messages_scanned"] / ref["timing"]["loop_s"]
+        result["reference"] = {"parse_only_rows_per_s": round(p_rate), "loop_rows_per_s": round(loop_rate),
+                               "wall_s": round(r_wall, 1), "cpu_s": round(r_cpu, 1), "timing": ref["timing"]}
+        print(f"reference: parse+CRC {p_rate:,.0f} rows/s; record loop with checks {loop_rate:,.0f} rows/s; "
+              f"whole report {r_wall:.1f} s wall, {r_cpu:.1f} s CPU", flush=True)
+
+        if not args.skip_reads:
+            reads = spark_reads(store, root / "warmup", args.master, args.split_size, args.driver_memory)
+            result["data_source"] = reads
+            for name in ("audit_projection", "full_schema"):
+                r = reads[name]
+                print(f"data source ({name}, {args.master}): {r['rows']:,} rows in {r['wall_s']:.1f} s = "
+                      f"{r['rows_per_s']:,} rows/s ({r['rows_per_s'] / p_rate:.2f}x the reference parse+CRC, "
+                      f"{r['rows_per_s'] / loop_rate:.2f}x its record loop); {r['rows_per_cpu_s']:,} rows/CPU-s "
+                      f"(JVM {r['cpu_s']['jvm']} s, Python {r['cpu_s']['python']} s)", flush=True)
+
+        audit_bin = Path(py).with_name("trimq-audit")
+        env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "PYTHONPATH")}
+        a_wall, a_cpu, proc = run_timed([str(audit_bin), "--store", str(store), "--out", str(out), "--master",
+                                         args.master, "--split-size", args.split_size, "--json",
+                                         "--conf", f"spark.driver.memory={args.driver_memory}"], env=env)
+        if proc.returncode not in (0, 1):
+            print(proc.stderr[-3000:], file=sys.stderr)
+            return 2
+        audit = json.loads(proc.stdout)
+        phases = [ln.strip() for ln in proc.stderr.splitlines() if ln.lstrip().startswith("[")]
+        result["audit"] = {"wall_s": round(a_wall, 1), "cpu_s": round(a_cpu, 1), "elapsed_in_job_s": audit["elapsed_s"],
+                           "phases": phases, "rows_per_cpu_s": round(audit["records"]["rows"] / max(a_cpu, 1e-9))}
+        print(f"trimq-audit end to end ({args.master}, Spark start-up included): {a_wall:.1f} s wall, "
+              f"{a_cpu:.1f} s CPU = {r_wall / a_wall:.2f}x the reference ({r_wall:.1f} s); "
+              f"{audit['records']['rows'] / max(a_cpu, 1e-9):,.0f} rows/CPU-s", flush=True)
+        for ln in phases:
+            print(f"    {ln}")
+        diffs = compare(audit, ref)
+        result["same_report"] = not diffs
+        result["differences"] = diffs
+        print(f"same report as the reference: {'yes' if not diffs else 'NO'}" + "".join(f"\n  {d}" for d in diffs))
+        result["load_average"] = os.getloadavg()
+        print(f"load average: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        results = Path(args.results)
+        results.mkdir(parents=True, exist_ok=True)
+        (results / "spark_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+        return 0 if not diffs else 1
     finally:
-        if not args.keep:
+        if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _fmt(times: list[float]) -> str:
-    return ", ".join(f"{t:.2f}" for t in times)
+        elif not args.keep:
+            shutil.rmtree(out, ignore_errors=True)
 
 
 if __name__ == "__main__":

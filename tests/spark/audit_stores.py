@@ -442,3 +442,47 @@ def write_rocketmq_segments(root: Path | str, segment_size: int = 2048) -> list[
     for b, data in segments.items():
         (d / f"{b:020d}").write_bytes(bytes(data))
     return written
+
+
+def build_gaps_store(root: Path | str) -> dict[str, Any]:
+    """The correctness gaps of issue 21, planted: (a) a record whose own unit is missing while another
+    queue's wrong unit points at it; (b) retries linked by the unique key (RocketMQ 4.9.3's client
+    fallback, and ORIGIN_MESSAGE_ID = UNIQ_KEY); (c) a retry whose original is missing, next to one whose
+    original's segment was deleted by retention. Expected: consume_queue unit_mismatch 1, missing_unit 2;
+    retry_lineage retry_without_origin 1; nothing else."""
+    from trimq.protocol.message import MessageConst as MC
+    from trimq.protocol.record import message_id
+    from trimq.protocol.validation import SCHEDULE_TOPIC, retry_topic
+
+    b = StoreBuilder(root, segment_size=4096, cq_units_per_file=8)
+    early = b.store("Orders", b"early", queue_id=0, keys="order-0")
+    _order_traffic(b, 48)  # fills segment 0, which is deleted below
+    b.send_back(early, GROUP)  # ORIGIN_MESSAGE_ID -> a record of the deleted segment
+
+    def client_fallback(msg: Stored) -> Stored:
+        """DefaultMQPushConsumerImpl.sendMessageBack when the RPC fails: the original's whole property map
+        (its UNIQ_KEY, no ORIGIN_MESSAGE_ID) plus RETRY_TOPIC etc., sent with delay level 3."""
+        props = dict(msg.properties)
+        props.update({MC.RETRY_TOPIC: msg.topic, MC.RECONSUME_TIME: "1", MC.MAX_RECONSUME_TIMES: "16"})
+        sched = {**props, MC.DELAY_TIME_LEVEL: "3", MC.REAL_TOPIC: retry_topic(GROUP), MC.REAL_QUEUE_ID: "0"}
+        b.store(SCHEDULE_TOPIC, msg.body, queue_id=2, properties=sched, reconsume_times=0)
+        return b.store(retry_topic(GROUP), msg.body, queue_id=0, properties=props, reconsume_times=1)
+
+    orig1 = b.store("Orders", b"o1", queue_id=1, keys="order-1", properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U1"})
+    client_fallback(orig1)
+    orig2 = b.store("Orders", b"o2", queue_id=2, keys="order-2", properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U2"})
+    b.store(retry_topic(GROUP), b"o2", queue_id=0, reconsume_times=1, born_timestamp=orig2.born_timestamp,
+            properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U2", MC.ORIGIN_MESSAGE_ID: "U2", MC.RETRY_TOPIC: "Orders"})
+    ghost = message_id(STORE_HOST, orig2.physical_offset + 1)  # inside the store, no record starts there
+    lost = b.store(retry_topic(GROUP), b"lost", queue_id=0, reconsume_times=1,
+                   properties={MC.ORIGIN_MESSAGE_ID: ghost, MC.RETRY_TOPIC: "Orders"})
+    # (a): Payments q1's record loses its unit; Payments q0's unit for `other` points at it instead.
+    mine = b.store("Payments", b"mine", queue_id=1)
+    other = b.store("Payments", b"other", queue_id=0)
+    del b.units[("Payments", 1)][mine.queue_offset]
+    b.units[("Payments", 0)][other.queue_offset] = (mine.physical_offset, mine.size, 0)
+    _order_traffic(b, 6)
+    b.close()
+    (Path(root) / "commitlog" / f"{0:020d}").unlink()  # retention removed the first segment
+    return {"builder": b, "early": early, "orig1": orig1, "orig2": orig2, "lost": lost, "ghost": ghost,
+            "mine": mine, "other": other}

@@ -127,3 +127,24 @@ def test_deps_zip_for_cluster_workers(tmp_path: Path) -> None:
             "trimq/protocol/record.py", "trimq/spark_jobs/log4j2.properties"} <= set(names)
     assert not any(n.startswith(("spark_jobs/", "protocol/", "trimq/broker/")) for n in names)
 
+
+
+def test_frozen_reference_reports_the_planted_defects(tmp_path: Path) -> None:
+    """bench/audit_reference.py (the benchmark's yardstick, no Spark) finds what the audit finds on the
+    planted stores of test_spark_audit.py, kind for kind."""
+    from audit_stores import build_gaps_store, build_planted_store
+
+    from bench.audit_reference import run
+
+    build_planted_store(tmp_path / "planted")
+    rep = run(tmp_path / "planted")
+    assert {k: v["by_kind"] for k, v in rep["checks"].items()} == {
+        "integrity": {"crc_mismatch": 1, "torn_tail": 1}, "offsets": {"gap": 1}, "consume_queue": {},
+        "key_queues": {"key_in_many_queues": 1}, "born_order": {"born_order_inversion": 2},
+        "consumer_offsets": {}, "retry_lineage": {}, "dead_letters": {"dlq_arrival": 1}}
+    assert (rep["defects"], rep["lineage"]["chains"], rep["lineage"]["retry_deliveries"]) == (6, 1, 3)
+    build_gaps_store(tmp_path / "gaps")
+    rep = run(tmp_path / "gaps")
+    assert {k: v["by_kind"] for k, v in rep["checks"].items() if v["by_kind"]} == {
+        "consume_queue": {"unit_mismatch": 1, "missing_unit": 2}, "retry_lineage": {"retry_without_origin": 1}}
+    assert rep["lineage"]["chains"] == 4

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from audit_stores import GROUP, build_clean_store, build_planted_store, write_rocketmq_segments
+from audit_stores import GROUP, build_clean_store, build_gaps_store, build_planted_store, write_rocketmq_segments
 
 from trimq.spark_jobs.audit import audit_store
 from trimq.spark_jobs.checks import DEFECT_CHECKS
@@ -152,42 +152,9 @@ def test_planted_consume_queue_and_lineage_gaps(spark, tmp_path: Path) -> None:
     linked by the unique key: RocketMQ 4.9.3's client fallback (no ORIGIN_MESSAGE_ID, the original's
     properties and UNIQ_KEY) and ORIGIN_MESSAGE_ID = UNIQ_KEY; (c) a retry whose original is missing,
     next to one whose original's segment was deleted by retention (not a defect)."""
-    from audit_stores import STORE_HOST, StoreBuilder, _order_traffic
-
-    from trimq.protocol.message import MessageConst as MC
-    from trimq.protocol.record import message_id
-    from trimq.protocol.validation import SCHEDULE_TOPIC, retry_topic
-
-    b = StoreBuilder(tmp_path / "store", segment_size=4096, cq_units_per_file=8)
-    early = b.store("Orders", b"early", queue_id=0, keys="order-0")
-    _order_traffic(b, 48)  # fills segment 0, which is deleted below
-    b.send_back(early, GROUP)  # ORIGIN_MESSAGE_ID -> a record of the deleted segment
-
-    def client_fallback(msg):
-        """DefaultMQPushConsumerImpl.sendMessageBack when the RPC fails: the original's whole property map
-        (its UNIQ_KEY, no ORIGIN_MESSAGE_ID) plus RETRY_TOPIC etc., sent with delay level 3."""
-        props = dict(msg.properties)
-        props.update({MC.RETRY_TOPIC: msg.topic, MC.RECONSUME_TIME: "1", MC.MAX_RECONSUME_TIMES: "16"})
-        sched = {**props, MC.DELAY_TIME_LEVEL: "3", MC.REAL_TOPIC: retry_topic(GROUP), MC.REAL_QUEUE_ID: "0"}
-        b.store(SCHEDULE_TOPIC, msg.body, queue_id=2, properties=sched, reconsume_times=0)
-        return b.store(retry_topic(GROUP), msg.body, queue_id=0, properties=props, reconsume_times=1)
-
-    orig1 = b.store("Orders", b"o1", queue_id=1, keys="order-1", properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U1"})
-    client_fallback(orig1)
-    orig2 = b.store("Orders", b"o2", queue_id=2, keys="order-2", properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U2"})
-    b.store(retry_topic(GROUP), b"o2", queue_id=0, reconsume_times=1, born_timestamp=orig2.born_timestamp,
-            properties={MC.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U2", MC.ORIGIN_MESSAGE_ID: "U2", MC.RETRY_TOPIC: "Orders"})
-    ghost = message_id(STORE_HOST, orig2.physical_offset + 1)  # inside the store, no record starts there
-    lost = b.store(retry_topic(GROUP), b"lost", queue_id=0, reconsume_times=1,
-                   properties={MC.ORIGIN_MESSAGE_ID: ghost, MC.RETRY_TOPIC: "Orders"})
-    # (a): Payments q1's record loses its unit; Payments q0's unit for `other` points at it instead.
-    mine = b.store("Payments", b"mine", queue_id=1)
-    other = b.store("Payments", b"other", queue_id=0)
-    del b.units[("Payments", 1)][mine.queue_offset]
-    b.units[("Payments", 0)][other.queue_offset] = (mine.physical_offset, mine.size, 0)
-    _order_traffic(b, 6)
-    b.close()
-    (tmp_path / "store" / "commitlog" / f"{0:020d}").unlink()  # retention removed the first segment
+    p = build_gaps_store(tmp_path / "store")
+    mine, other, lost, ghost = p["mine"], p["other"], p["lost"], p["ghost"]
+    orig1, orig2, early = p["orig1"], p["orig2"], p["early"]
 
     summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT))
     counts = _counts(summary)

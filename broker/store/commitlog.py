@@ -339,6 +339,59 @@ class CommitLog:
     def has_spare(self) -> bool:
         return self._spare is not None
 
+    # -- replication (broker/store/ha/replica.py) -------------------------------------------------------
+    def start_at(self, offset: int) -> None:
+        """Make an empty log start at ``offset``, a segment boundary (a fresh slave: RocketMQ's master sends from
+        the start of its last segment)."""
+        if self.segments or self.max_offset:
+            raise ValueError(f"commit log {self.directory} is not empty (max offset {self.max_offset})")
+        if offset % self.segment_size:
+            raise ValueError(f"offset {offset} is not a segment boundary (segment size {self.segment_size})")
+        self.max_offset = self.flushed_offset = offset
+
+    def add_segment(self, seg: Segment) -> None:
+        """Append ``seg`` (from ``create_segment``, starting where the current segment ends) to the log, for
+        bytes received from a master: unlike ``roll``, no filler is written (the master's bytes hold it)."""
+        if seg.start != self.next_segment_start() or self.segment_for(self.max_offset) is not None:
+            raise ValueError(f"segment {seg.path.name} does not follow the log (max offset {self.max_offset})")
+        if self._spare is not None and self._spare.start == seg.start:
+            if self._spare is not seg:
+                self._spare.close()
+            self._spare = None
+        self.segments.append(seg)
+
+    @property
+    def spare(self) -> Segment | None:
+        """The next segment, created ahead of need (None: not yet)."""
+        return self._spare
+
+    def cut(self, offset: int) -> list[Segment]:
+        """Forget the log from ``offset`` on (a slave following a newer master): the bytes of
+        ``[offset, max_offset)`` are zeroed, later segments (and the prepared next one) are removed from the log
+        and returned (the caller unlinks them, and closes them once no flush uses them). ``offset`` must not be
+        below the log's first offset."""
+        if offset >= self.max_offset:
+            return []
+        if offset < self.min_offset:
+            raise ValueError(f"cannot cut the commit log at {offset}, below its first offset {self.min_offset}")
+        keep = [s for s in self.segments if s.start <= offset]
+        gone = [s for s in self.segments if s.start > offset]
+        zero = bytes(1 << 20)
+        for seg in keep:
+            lo, hi = max(offset, seg.start), min(self.max_offset, seg.end)
+            pos = lo
+            while pos < hi:  # only what was written: the rest of a segment is zero already (sparse)
+                n = min(len(zero), hi - pos)
+                seg.write(pos, zero[:n])
+                pos += n
+        self.segments = keep
+        if self._spare is not None:  # created for the old end: its file would not follow the new one
+            gone.append(self._spare)
+            self._spare = None
+        self.max_offset = offset
+        self.flushed_offset = min(self.flushed_offset, offset)
+        return gone
+
     # -- reading ----------------------------------------------------------------------------------------
     def read(self, offset: int, size: int) -> bytes | None:
         """``size`` bytes at ``offset`` (inside one segment and below the write position), or None."""

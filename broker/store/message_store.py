@@ -31,11 +31,12 @@ import functools
 import ipaddress
 import os
 import resource
+import shutil
 import struct
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,10 @@ class PutMessageStatus(enum.Enum):
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
     OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
+    # SYNC_MASTER (handle_ha): the message is stored on the master, but no slave confirmed it in time / none is
+    # connected or close enough to wait for.
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
 @dataclass(slots=True)
@@ -274,6 +279,9 @@ class MessageStore:
         # ("interval": commit log + consume queues + checkpoint, "group_commit": the SYNC_FLUSH commit log).
         self.on_append: Callable[[float], None] | None = None
         self.on_fsync: Callable[[str, float], None] | None = None
+        #: SYNC_MASTER (broker/store/ha/master.py HAService.wait_for_slave): waits until a slave holds the bytes
+        #: below an offset; None on an ASYNC_MASTER or a SLAVE. Used by ``handle_ha``.
+        self.replica_wait: Callable[[int], Awaitable[PutMessageStatus]] | None = None
         self._failure_log = RateLimiter(10_000)  # a failing disk fails every retry: one line per 10 s and kind
         self._store_host_fn = store_host or (lambda: ("127.0.0.1", 0))
         self._store_host_bytes: bytes | None = None
@@ -606,6 +614,22 @@ class MessageStore:
         """Delete the index files whose newest entry points below ``min_phys_offset`` (never the last one)."""
         return self.index.delete_expired_file(min_phys_offset)
 
+    def delete_topic_queues(self, topic: str) -> int:
+        """RocketMQ's ``cleanUnusedTopic`` for one topic (DELETE_TOPIC_IN_BROKER): its consume queues are closed
+        (as deleted files are, see ``close_retired``) and their directory removed; its records stay in the commit
+        log until they expire. The next flush writes a checkpoint without them, so a restart does not rebuild
+        them. Returns how many queues there were."""
+        queues = self.queues.pop(topic, None)
+        if not queues:
+            return 0
+        for cq in queues.values():
+            self._retire(cq.close)
+        shutil.rmtree(self.root / "consumequeue" / topic, ignore_errors=True)
+        self._valid_topics.discard(topic)
+        self._checkpointed = -1
+        log.info("store.topic_queues_deleted", topic=topic, queues=len(queues))
+        return len(queues)
+
     def mark_disk_full(self, full: bool, ratio: float) -> None:
         """RocketMQ's RunningFlags ``getAndMakeDiskFull`` / ``getAndMakeDiskOK``: refuse writes (answered
         SERVICE_NOT_AVAILABLE) while the disk is above ``disk_space_warning_level_ratio``."""
@@ -885,6 +909,20 @@ class MessageStore:
             result.remark = self._flush_failed or (
                 f"not flushed within {self.config.sync_flush_timeout_ms} ms"
             )
+        return result
+
+    async def handle_ha(self, result: PutResult) -> PutResult:
+        """RocketMQ's ``CommitLog.handleHA`` for a producer's put: on a SYNC_MASTER, answer only once a slave
+        holds the message (``replica_wait``); FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE otherwise (the message
+        is stored on the master either way). Store-internal puts (schedule deliveries, retries) do not wait."""
+        wait = self.replica_wait
+        if wait is None or result.status not in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT):
+            return result
+        status = await wait(result.commit_log_offset + result.wrote_bytes)
+        if status is not PutMessageStatus.PUT_OK:
+            result.status = status
+            result.remark = ("no slave confirmed the message in time" if status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+                             else "no slave is connected, or it is too far behind")
         return result
 
     # ================================================================== segment files

@@ -84,11 +84,15 @@ class Broker:
         self.subscription_group_manager = groups = SubscriptionGroupManager(
             store_dir=config.store_dir, auto_create=config.auto_create_subscription_group)
         # -- coordination (issue 4): membership, queue locks, consumer offsets
-        self.lock_manager = RebalanceLockManager(max_live_ms=config.rebalance_lock_max_live_time_ms,
-                                                 now_ms=broker_now_ms)
+        # Queue locks are leases (issue 14): lock_profile "lease" (the default) or RocketMQ's clocks ("rocketmq").
+        self.lock_manager = RebalanceLockManager(max_live_ms=config.lock_lease_ms, now_ms=broker_now_ms,
+                                                 takeover_margin_ms=config.lock_takeover_margin_ms)
+        leases = config.lock_profile == "lease"
         self.consumer_manager = ConsumerManager(
             channel_expired_timeout_ms=config.channel_expired_timeout_ms, now_ms=broker_now_ms, wall_ms=wall_ms,
-            on_dirty=lambda: self.coordination_service.wake_notifier())
+            on_dirty=lambda: self.coordination_service.wake_notifier(),
+            lease_expiry_ms=self.lock_manager.takeover_after_ms if leases else 0,
+            disconnect_grace_ms=config.lock_disconnect_grace)
         self.offset_manager = ConsumerOffsetManager(
             offset_file_path(config.store_dir), broker_name=config.broker_name, lock_manager=self.lock_manager,
             is_orderly=self.consumer_manager.is_orderly, now_ms=wall_ms)

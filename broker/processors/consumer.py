@@ -4,8 +4,15 @@
 (broker/consumers.py), the lock manager (broker/locks.py) and the offset manager (broker/store/offsets.py). It
 answers HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ,
 QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET and the admin queries GET_CONSUMER_CONNECTION_LIST,
-GET_CONSUME_STATS, GET_LOCK_TABLE and GET_SUBSCRIPTION_CONSISTENCY, and runs three loops: client expiry,
-coalesced NOTIFY_CONSUMER_IDS_CHANGED, and offset persistence.
+GET_CONSUME_STATS, GET_LOCK_TABLE and GET_SUBSCRIPTION_CONSISTENCY, and runs four loops: client expiry,
+coalesced NOTIFY_CONSUMER_IDS_CHANGED, offset persistence, and (``lock_profile="lease"``) the lease scan.
+
+Queue-lock leases (issue 14, docs/PROTOCOL.md "Queue-lock leases"): LOCK_BATCH_MQ answers carry each grant's
+fencing epoch and the lease; a renewal counts as its client's heartbeat for its orderly membership (and is
+refused, ``member: false``, when the client is not a member); the lease scan removes orderly members whose
+lease or disconnect grace ran out; a closed connection's locks are released after the grace; on start the
+broker epoch (broker/store/epoch.py) is incremented and the restart grace begins; UPDATE_CONSUMER_OFFSET's
+``lockEpoch`` fences commits by epoch.
 
 Time: expiry, lock ages and the notification window use the broker clock ``trio.current_time()`` (so a
 ``trio.testing.MockClock`` drives them in tests); persisted and displayed timestamps use the wall clock.
@@ -25,6 +32,7 @@ from trimq.broker.consumers import ConsumerManager, parse_heartbeat
 from trimq.broker.deps import HandlerRegistry, QueueOffsets, SubscriptionGroups, Topics
 from trimq.broker.locks import RebalanceLockManager
 from trimq.broker.store.atomic import write_json_atomic
+from trimq.broker.store.epoch import BrokerEpochStore, epoch_file_path
 from trimq.broker.store.offsets import ConsumerOffsetManager
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
@@ -89,6 +97,26 @@ def _queue_id(where: str, m: Any) -> int:
     return qid
 
 
+def _claims(where: str, body: dict[str, Any]) -> dict[MessageQueue, int]:
+    """The optional ``claims`` of a LOCK_BATCH_MQ body: queue -> the lock epoch its client still holds it under."""
+    raw = body.get("claims")
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"{where}: field 'claims' must be a list of message queues")
+    claims = {}
+    for i, m in enumerate(raw):
+        epoch = m.get("lockEpoch") if isinstance(m, dict) else None
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"{where}: claims[{i}].lockEpoch must be a non-negative integer, got {epoch!r}")
+        try:
+            claims[MessageQueue.from_wire(m)] = epoch
+        except ValueError as exc:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"{where}: claims[{i}]: {exc}") from None
+    return claims
+
+
 def _lock_body(where: str, body: Any) -> tuple[str, str, list[MessageQueue]]:
     """consumerGroup, clientId and mqSet of a LOCK_BATCH_MQ / UNLOCK_BATCH_MQ body."""
     if not isinstance(body, dict):
@@ -129,8 +157,12 @@ class CoordinationService:
         self.store = store
         self._dirty_event = trio.Event()
         self._persist_lock = trio.Lock()
+        self.leases = config.lock_profile == "lease"
+        #: ``<store>/config/brokerEpoch.json``: the high half of every lock epoch, incremented on start.
+        self.epoch_store = BrokerEpochStore(epoch_file_path(config.store_dir))
         #: Counters for metrics and tests.
-        self.stats: dict[str, int] = {"notifications_sent": 0, "offset_persists": 0, "offset_persist_failures": 0}
+        self.stats: dict[str, int] = {"notifications_sent": 0, "offset_persists": 0, "offset_persist_failures": 0,
+                                      "lease_members_removed": 0, "lock_requests_not_member": 0}
         for code, handler in (
             (RequestCode.HEART_BEAT, self.heart_beat),
             (RequestCode.UNREGISTER_CLIENT, self.unregister_client),
@@ -150,8 +182,15 @@ class CoordinationService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Load config/consumerOffset.json (a file that is not an offset table stops the broker with its name)."""
+        """Load config/consumerOffset.json (a file that is not an offset table stops the broker with its name), then
+        begin a lock lifetime: the next broker epoch, persisted before any grant, and the restart grace."""
         await trio.to_thread.run_sync(self.offset_manager.load)
+        lm = self.lock_manager
+        begun = await trio.to_thread.run_sync(self.epoch_store.begin, lm.takeover_after_ms)
+        grace = begun.restart_grace_ms if self.leases else 0  # the rocketmq profile: RocketMQ has no grace
+        lm.start_lifetime(begun.broker_epoch, grace)
+        log.info("lock.lifetime_started", broker_epoch=begun.broker_epoch, lease_ms=lm.max_live_ms,
+                 takeover_after_ms=lm.takeover_after_ms, restart_grace_ms=grace, profile=self.config.lock_profile)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Client expiry, coalesced notifications and offset persistence, until cancelled."""
@@ -159,6 +198,8 @@ class CoordinationService:
             nursery.start_soon(self._housekeeping_loop)
             nursery.start_soon(self._notify_loop)
             nursery.start_soon(self._persist_loop)
+            if self.leases:
+                nursery.start_soon(self._lease_loop)
             task_status.started()
 
     async def stop(self) -> None:
@@ -182,6 +223,18 @@ class CoordinationService:
         if mine and all(info.expired for info in mine):
             self.lock_manager.unlock_all_for_client(group, client_id)
             log.info("lock.expired_entries_dropped", group=group, client_id=client_id, queues=len(mine))
+
+    async def _lease_loop(self) -> None:
+        # Orderly members leave with their lease (or their disconnect grace): checked every 50 ms at most, so the
+        # others are notified within a scan of the moment their locks may be taken over.
+        interval = min(0.05, self.lock_manager.max_live_ms / 20_000)
+        while True:
+            await trio.sleep(interval)
+            for group, client_id, reason in self.consumer_manager.scan_leases():
+                self.stats["lease_members_removed"] += 1
+                log.info("consumer.lease_removed", group=group, client_id=client_id, reason=reason)
+            for group, mq, owner in self.lock_manager.drop_released():
+                log.info("lock.released_on_disconnect", group=group, client_id=owner, mq=str(mq))
 
     def wake_notifier(self) -> None:
         """A consumer group changed: push NOTIFY_CONSUMER_IDS_CHANGED after the coalescing window."""
@@ -237,16 +290,19 @@ class CoordinationService:
             return True
 
     def _on_connection_closed(self, conn: Connection) -> None:
-        # Membership goes at once; locks do not: a client whose connection merely broke may still be consuming
-        # for up to its own 30 s lock lifetime. So its locks are kept, but only for orphaned_lock_max_live_time_ms
-        # (32 s) after their last renewal instead of 60 s: a SIGKILLed member's queues move sooner.
-        self.consumer_manager.connection_closed(conn)
+        # Lease profile: the client's locks and orderly memberships go after the short disconnect grace, unless it
+        # renews over a new connection first — a process that died frees its queues in well under a second, and
+        # the client itself stopped starting batches of this broker's queues the moment its connection dropped.
+        # Non-orderly memberships go at once. The rocketmq profile: memberships go at once, locks stay until
+        # they expire (RocketMQ).
+        cm = self.consumer_manager
+        cm.connection_closed(conn)
         client_id = conn.attributes.get("client_id")
-        if client_id:
-            orphaned = self.lock_manager.orphan_client(client_id, self.config.orphaned_lock_max_live_time_ms)
-            if orphaned:
-                log.info("lock.orphaned", client_id=client_id, queues=len(orphaned),
-                         expires_after_ms=self.config.orphaned_lock_max_live_time_ms)
+        grace = self.config.lock_disconnect_grace
+        if client_id and grace and not cm.has_open_connection(client_id, other_than=conn):
+            released = self.lock_manager.release_client_after(client_id, grace)
+            if released:
+                log.info("lock.releasing_on_disconnect", client_id=client_id, queues=len(released), grace_ms=grace)
 
     # ------------------------------------------------------------------ membership
 
@@ -317,10 +373,22 @@ class CoordinationService:
     # ------------------------------------------------------------------ locks
 
     async def lock_batch_mq(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        """LOCK_BATCH_MQ (41): lock what can be locked; body ``{"lockOKMQSet": [mq], "keptMQSet": [mq]}``."""
+        """LOCK_BATCH_MQ (41): lock what can be locked; body ``{"lockOKMQSet": [mq], "keptMQSet": [mq],
+        "lockEpochs": [int], "leaseMs": int, "member": bool}`` (docs/PROTOCOL.md "Queue-lock leases")."""
         group, client_id, mqs = _lock_body("LOCK_BATCH_MQ", cmd.body)
-        self.consumer_manager.mark_orderly(group)
-        result = self.lock_manager.try_lock_batch_detailed(group, mqs, client_id)
+        claims = _claims("LOCK_BATCH_MQ", cmd.body)
+        lm, cm = self.lock_manager, self.consumer_manager
+        cm.mark_orderly(group)
+        conn.attributes.setdefault("client_id", client_id)  # its locks follow this connection's close
+        if self.leases and not cm.touch(group, client_id, conn):
+            # Membership follows the lease: a client that left the group (its lease ran out, or it never
+            # heartbeated) holds nothing until its heartbeat brings it back, so it never holds a queue the
+            # others' allocation gives to someone else.
+            self.stats["lock_requests_not_member"] += 1
+            log.debug("lock.not_a_member", group=group, client_id=client_id, queues=len(mqs))
+            return RemotingCommand.response_to(cmd, body={"lockOKMQSet": [], "keptMQSet": [], "lockEpochs": [],
+                                                          "leaseMs": lm.max_live_ms, "member": False})
+        result = lm.try_lock_batch_detailed(group, mqs, client_id, claims)
         for mq, previous in result.stolen.items():
             log.info("lock.stolen", group=group, client_id=client_id, previous_owner=previous, mq=str(mq))
         if result.acquired:
@@ -328,10 +396,18 @@ class CoordinationService:
         if result.refused:
             log.debug("lock.refused", group=group, client_id=client_id,
                       held={str(mq): owner for mq, owner in result.refused.items()})
+        if result.claimed:
+            log.info("lock.claimed", group=group, client_id=client_id, mqs=[str(mq) for mq in result.claimed])
         # keptMQSet (trimq): the locked queues nobody else held since this client's previous lock; a client
         # re-locking any other queue must not trust what it cached of it (client/rebalance/impl.py).
-        return RemotingCommand.response_to(cmd, body={"lockOKMQSet": [mq.to_wire() for mq in sorted(result.locked)],
-                                                      "keptMQSet": [mq.to_wire() for mq in sorted(result.kept)]})
+        locked = sorted(result.locked)
+        return RemotingCommand.response_to(cmd, body={
+            "lockOKMQSet": [mq.to_wire() for mq in locked],
+            "keptMQSet": [mq.to_wire() for mq in sorted(result.kept)],
+            "lockEpochs": [result.epochs[mq] for mq in locked],
+            "leaseMs": lm.max_live_ms,
+            "member": True,
+        })
 
     async def unlock_batch_mq(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """UNLOCK_BATCH_MQ (42): release the caller's locks among ``mqSet``; SUCCESS."""
@@ -381,7 +457,19 @@ class CoordinationService:
                 f"offset update refused: the offsets of {topic} of group {group} were reset (reset generation "
                 f"{current}) after this commit's offset was read (generation {generation}); read the offset again",
                 ext={"resetGeneration": current})
+        epoch = _field(where, cmd.ext, "lockEpoch", "int", required=False)
+        if epoch is not None and epoch < 0:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"{where}: field 'lockEpoch' must be >= 0, got {epoch}")
         om = self.offset_manager
+        if epoch is not None:
+            current = om.stale_epoch(group, topic, qid, epoch)
+            if not om.commit_offset(group, topic, qid, offset, client_id, source="update", lock_epoch=epoch):
+                raise RequestError(
+                    ResponseCode.NO_PERMISSION,
+                    f"offset update refused (fenced): lock epoch {epoch} of {client_id} is older than epoch "
+                    f"{current} of the latest lock grant of {topic} queue {qid} of group {group}",
+                )
+            return RemotingCommand.response_to(cmd)
         owner = om.fencing_owner(group, topic, qid, client_id)
         if not om.commit_offset(group, topic, qid, offset, client_id, source="update"):
             raise RequestError(
@@ -479,6 +567,8 @@ class CoordinationService:
                 "lastUpdateTimestamp": wall - info.age_ms,
                 "ageMs": info.age_ms,
                 "expired": info.expired,
+                "lockEpoch": info.epoch,
+                "releasing": info.releasing,
             }
             for g in groups
             for info in lm.lock_table(g)
@@ -486,6 +576,11 @@ class CoordinationService:
         fenced = self.offset_manager.fenced_updates
         body = {
             "maxLiveMs": lm.max_live_ms,
+            "leaseMs": lm.max_live_ms,
+            "takeoverAfterMs": lm.takeover_after_ms,
+            "lockProfile": self.config.lock_profile,
+            "brokerEpoch": lm.broker_epoch,
+            "restartGrace": lm.in_restart_grace(),
             "lockTable": rows,
             "fencedUpdates": {g: fenced[g] for g in sorted(fenced) if group is None or g == group},
             "stats": lm.stats.as_dict(),

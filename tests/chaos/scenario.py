@@ -10,8 +10,8 @@ of events, each followed by ``settle_s`` of calm:
 
 * ``kill_consumer``: SIGKILL a consumer, start a new one in its slot (a new pid, so a new client id)
   ``duration_s`` later;
-* ``pause_consumer``: SIGSTOP a consumer for ``duration_s`` — longer than its queue locks live (broker
-  ``rebalance_lock_max_live_time_ms``) and than the broker's ``channel_expired_timeout_ms``, so the group
+* ``pause_consumer``: SIGSTOP a consumer for ``duration_s`` — longer than its queue-lock lease (and so its orderly
+  membership) and than the broker's ``channel_expired_timeout_ms``, so the group
   drops it and another member takes its queues over — then SIGCONT;
 * ``kill_broker``: SIGKILL a broker, read the consumer offsets it had persisted
   (``STORE/config/consumerOffset.json``: what it will reload), restart it ``duration_s`` later on the same
@@ -25,7 +25,9 @@ tests/e2e/checker.py judges the record files with the stops, pauses, broker cras
 replays, replays never below the committed floor, late completions of a paused consumer bounded, committed
 offsets never going backwards within a broker's lifetime.
 
-Lock lifetimes are shortened so a run takes seconds (:data:`BROKER_SETTINGS`, :data:`CONSUMER_SETTINGS`).
+Lock leases are trimq's default 2 s and other timers are shortened so a run takes seconds
+(:data:`BROKER_SETTINGS`, :data:`CONSUMER_SETTINGS`); the checker also counts records a paused consumer started
+after its lease ran out (``lease_ms``), which must be none.
 Run by hand: ``python -m tests.chaos.scenario --seed 7 [--long] [--keep DIR]``.
 """
 
@@ -68,21 +70,21 @@ GROUP = "chaos_orderly"
 BROKERS = ("broker-a", "broker-b")
 SLOTS = ("c1", "c2", "c3")
 
-#: Broker settings (``TRIMQ_*``): locks live 3 s instead of 60 s; a silent client leaves after 2 s (it
-#: heartbeats every 0.5 s) instead of 120 s, looked for every 0.2 s; offsets persisted every second.
+#: Broker settings (``TRIMQ_*``): queue locks are the default 2 s leases (issue 14; an orderly member leaves
+#: with its lease); a silent client leaves after 2 s (it heartbeats every 0.5 s) instead of 120 s, looked for
+#: every 0.2 s; offsets persisted every second.
+LEASE_MS = 2000
 BROKER_SETTINGS: dict[str, Any] = {
-    "rebalance_lock_max_live_time_ms": 3000,
+    "lease_ms": LEASE_MS,
     "channel_expired_timeout_ms": 2000,
     "client_housekeeping_interval_ms": 200,
     "flush_consumer_offset_interval_ms": 1000,
     "shutdown_grace_ms": 2000,
 }
-#: Consumer settings: renew locks every second and treat a lock unconfirmed for 2 s as lost (below the
-#: broker's 3 s), heartbeat every 0.5 s, poll routes every second, persist offsets every second, retry a
-#: failed pull after 0.5 s, unlock queues given away at once.
+#: Consumer settings: leases renewed by default (every third of the broker's lease), heartbeat every 0.5 s,
+#: poll routes every second, persist offsets every second, retry a failed pull after 0.5 s, unlock queues
+#: given away at once.
 CONSUMER_SETTINGS: dict[str, Any] = {
-    "rebalance_lock_interval": 1000,
-    "rebalance_lock_max_live_time": 2000,
     "heartbeat_broker_interval": 500,
     "poll_name_server_interval": 1000,
     "persist_consumer_offset_interval": 1000,
@@ -582,7 +584,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
         _dump(wd, events, stops, pauses, crashes, sampler)
 
     report = check([prod_rec], cluster.consumer_files, stops=stops, pauses=pauses, broker_crashes=crashes,
-                   committed_samples=sampler.samples if sampler else None, topic=TOPIC)
+                   committed_samples=sampler.samples if sampler else None, topic=TOPIC, lease_ms=LEASE_MS)
     result = ChaosResult(seed, events, report, produced=report.produced, producer_status=producer_status,
                          producer_summary=summary, problems=problems, wall_s=time.monotonic() - t_begin,
                          workdir=str(wd))

@@ -8,7 +8,8 @@ broker restarts, judged from record files (tests/chaos/scenario.py, docs/CHAOS.m
 
 Every run asserts the checker's verdict (tests/e2e/checker.py): nothing acknowledged lost, per-key order
 except replays after crashes, pauses and broker restarts, no replay below the committed offset, committed
-offsets never going backwards between broker restarts, late completions of a paused consumer bounded; and
+offsets never going backwards between broker restarts, late completions of a paused consumer bounded, nothing
+started by a paused consumer after its lease ran out (issue 14); and
 that each stopped consumer's queues were taken over. The report (counts, takeover times, fenced updates)
 is printed; on failure it names the seed, the first offending key and the kept work directory.
 """
@@ -36,6 +37,7 @@ def verdict(result: ChaosResult) -> None:
     late = [t for t in r.takeovers if t.ms is None]
     assert not late, f"queues of a stopped consumer never consumed again: {late}\n{result.text()}"
     assert r.duplicates <= r.replayed + r.late_completions, result.text()
+    assert r.started_after_lease == 0, result.text()  # a paused consumer starts nothing once its lease ran out
 
 
 def test_chaos_short() -> None:

@@ -321,7 +321,9 @@ async def test_lock_batch_over_the_wire_says_which_queues_were_kept(tmp_path: An
     from trimq.client.api import MQClientAPI
     from trimq.runtime.client import RemotingClient
 
-    config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"))
+    # RocketMQ's clocks: these bare clients never heartbeat, which the lease profile requires of a lock holder
+    # (membership follows the lease, tests/integration/test_leases.py); keptMQSet is the same in both.
+    config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"), lock_profile="rocketmq")
     async with open_broker(config) as broker, RemotingClient(default_timeout_s=10) as rc:
         api, addr = MQClientAPI(rc), broker.address
         held, kept = await api.lock_batch_mq_detailed(addr, G, "A", [mq(0), mq(1)])

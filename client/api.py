@@ -28,13 +28,10 @@ from trimq.protocol.errors import RecordError
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.record import RecordDecoder, decode_record, parse_message_id
+from trimq.protocol.route import MASTER_ID, PERM_READ, PERM_WRITE, BrokerData, TopicRouteData
 from trimq.runtime.client import RemotingClient
 
 __all__ = [
-    "PERM_INHERIT",
-    "PERM_READ",
-    "PERM_WRITE",
-    "BrokerData",
     "ClusterInfo",
     "ConsumerData",
     "HeartbeatData",
@@ -42,18 +39,12 @@ __all__ = [
     "MQClientAPI",
     "PullResult",
     "PullStatus",
-    "QueueData",
     "SendResult",
     "SendStatus",
     "TopicConfig",
-    "TopicRouteData",
     "build_pull_sys_flag",
 ]
 
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_INHERIT = 1
-MASTER_ID = 0
 
 PULL_FLAG_COMMIT_OFFSET = 0x1
 PULL_FLAG_SUSPEND = 0x2
@@ -135,64 +126,6 @@ class PullResult:
     suggest_which_broker_id: int = MASTER_ID
     filtered_out: int = 0
     """Messages the broker returned that the exact client-side tag filter dropped."""
-
-
-@dataclass(frozen=True, slots=True)
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_sys_flag: int = 0
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.perm & PERM_READ)
-
-    @property
-    def writeable(self) -> bool:
-        return bool(self.perm & PERM_WRITE)
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerData:
-    cluster: str
-    broker_name: str
-    broker_addrs: Mapping[int, str]
-
-    @property
-    def master_addr(self) -> str | None:
-        return self.broker_addrs.get(MASTER_ID)
-
-    def select_broker_addr(self) -> str | None:
-        """The master, else any address (RocketMQ's selectBrokerAddr)."""
-        return self.master_addr or next(iter(self.broker_addrs.values()), None)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicRouteData:
-    """A topic's route from the name server: which brokers host it and with how many queues."""
-
-    broker_datas: tuple[BrokerData, ...]
-    queue_datas: tuple[QueueData, ...]
-
-    def publish_queues(self, topic: str) -> list[MessageQueue]:
-        """Writable queues, brokers in name order (RocketMQ's topicRouteData2TopicPublishInfo)."""
-        masters = {bd.broker_name for bd in self.broker_datas if bd.master_addr}
-        out: list[MessageQueue] = []
-        for qd in sorted(self.queue_datas, key=lambda q: q.broker_name):
-            if qd.writeable and qd.broker_name in masters:
-                out.extend(MessageQueue(topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
-        return out
-
-    def subscribe_queues(self, topic: str) -> set[MessageQueue]:
-        """Readable queues (RocketMQ's topicRouteData2TopicSubscribeInfo)."""
-        return {
-            MessageQueue(topic, qd.broker_name, i)
-            for qd in self.queue_datas
-            if qd.readable
-            for i in range(qd.read_queue_nums)
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,41 +247,18 @@ def _mq_list(v: Any, what: str, addr: str) -> set[MessageQueue]:
 
 
 def _broker_data(v: Any, what: str, addr: str) -> BrokerData:
-    m = _map(v, what, addr, "brokerData")
-    addrs_raw = _map(m.get("brokerAddrs", {}), what, addr, "brokerAddrs")
-    addrs: dict[int, str] = {}
-    for k, a in addrs_raw.items():
-        try:
-            addrs[int(k)] = str(a)
-        except (TypeError, ValueError):
-            raise _malformed(what, addr, f"broker id {k!r} is not an integer") from None
-    name = m.get("brokerName")
-    if not isinstance(name, str):
-        raise _malformed(what, addr, f"brokerName must be a string, got {name!r}")
-    return BrokerData(cluster=str(m.get("cluster", "")), broker_name=name, broker_addrs=addrs)
+    try:
+        return BrokerData.from_wire(v)
+    except ValueError as exc:
+        raise _malformed(what, addr, str(exc)) from None
 
 
 def parse_route(body: Any, addr: str) -> TopicRouteData:
-    """Decode a GET_ROUTEINFO_BY_TOPIC body."""
-    what = "GET_ROUTEINFO_BY_TOPIC"
-    m = _map(body, what, addr, "body")
-    bds = tuple(_broker_data(b, what, addr) for b in m.get("brokerDatas") or [])
-    qds = []
-    for q in m.get("queueDatas") or []:
-        qm = _map(q, what, addr, "queueData")
-        name = qm.get("brokerName")
-        if not isinstance(name, str):
-            raise _malformed(what, addr, f"queueData brokerName must be a string, got {name!r}")
-        qds.append(
-            QueueData(
-                broker_name=name,
-                read_queue_nums=_int(qm, "readQueueNums", what, addr),
-                write_queue_nums=_int(qm, "writeQueueNums", what, addr),
-                perm=_int(qm, "perm", what, addr, PERM_READ | PERM_WRITE),
-                topic_sys_flag=_int(qm, "topicSysFlag", what, addr, 0),
-            )
-        )
-    return TopicRouteData(broker_datas=bds, queue_datas=tuple(qds))
+    """Decode a GET_ROUTEINFO_BY_TOPIC body (protocol/route.py); MQClientError when it is malformed."""
+    try:
+        return TopicRouteData.from_wire(body)
+    except ValueError as exc:
+        raise _malformed("GET_ROUTEINFO_BY_TOPIC", addr, str(exc)) from None
 
 
 def process_pull_messages(

@@ -41,15 +41,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
-from trimq.client.api import (
-    PERM_READ,
-    PERM_WRITE,
-    ConsumerData,
-    HeartbeatData,
-    MQClientAPI,
-    QueueData,
-    TopicRouteData,
-)
+from trimq.client.api import ConsumerData, HeartbeatData, MQClientAPI
 from trimq.client.config import ClientConfig
 from trimq.client.errors import (
     ClientClosedError,
@@ -63,6 +55,7 @@ from trimq.client.subscription import SubscriptionData
 from trimq.protocol.codes import RequestCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.route import PERM_READ, PERM_WRITE, QueueData, TopicRouteData
 from trimq.protocol.validation import is_retry_topic
 from trimq.runtime.client import RemotingClient, RemotingError
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited

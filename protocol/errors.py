@@ -1,4 +1,5 @@
-"""Errors raised by the sans-IO protocol layer. Every malformed input raises a ProtocolError subclass."""
+"""Errors raised by the sans-IO protocol layer. Every malformed frame raises a ProtocolError subclass; a request
+that is well framed but cannot be served is refused with a RequestError (a response code and a remark)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,13 @@ class FieldTypeError(ProtocolError):
 
 class RecordError(ValueError):
     """A commit-log record could not be decoded (bad magic, truncated, sizes that do not add up)."""
+
+
+class RequestError(Exception):
+    """Refuse a request with a specific response code and remark: raised by a handler (or a field helper of
+    protocol/fields.py), answered by the server (runtime/server.py), the connection stays open."""
+
+    def __init__(self, code: int, remark: str) -> None:
+        super().__init__(remark)
+        self.code = int(code)
+        self.remark = remark

@@ -6,7 +6,10 @@ never reaches its processors. msgpack carries integers up to 2^64-1, so without 
 would take, say, a consumer offset of 2^63 that RocketMQ (and the audit, and trimq's own record fields)
 cannot represent. :data:`FIELD_TYPES` is derived from the fields docs/PROTOCOL.md §4 documents for each
 code (their Java types from RocketMQ 4.9.3's header and body classes); :func:`check_field_ranges` checks a
-request against it, once, before its handler runs (broker/server.py). Pure: no I/O.
+request against it, once, before its handler runs (runtime/server.py). Pure: no I/O.
+
+Handlers read their header fields with :func:`int_field` and :func:`str_field`, which refuse a missing or
+mistyped field with a RequestError (SYSTEM_ERROR) naming it.
 
 Only the range is checked here. A field of the wrong type (a list where a number belongs, a string that is
 no number) is left to the handler, which refuses it with its own remark; a decimal string (RocketMQ's
@@ -19,8 +22,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from trimq.protocol.codes import RequestCode as RC
+from trimq.protocol.codes import ResponseCode
+from trimq.protocol.errors import RequestError
 
-__all__ = ["BODY_FIELD_TYPES", "FIELD_TYPES", "JAVA_INT", "JAVA_LONG", "JAVA_RANGES", "check_field_ranges"]
+__all__ = ["BODY_FIELD_TYPES", "FIELD_TYPES", "JAVA_INT", "JAVA_LONG", "JAVA_RANGES", "check_field_ranges",
+           "int_field", "str_field"]
 
 JAVA_INT = "int"
 JAVA_LONG = "long"
@@ -46,10 +52,10 @@ FIELD_TYPES: dict[int, dict[str, str]] = {
     RC.SEND_MESSAGE_V2: _SEND,
     RC.SEND_BATCH_MESSAGE: _SEND,
     RC.PULL_MESSAGE: {"queueId": INT, "queueOffset": LONG, "maxMsgNums": INT, "sysFlag": INT, "commitOffset": LONG,
-                      "suspendTimeoutMillis": LONG, "subVersion": LONG},
+                      "suspendTimeoutMillis": LONG, "subVersion": LONG, "resetGeneration": LONG},
     RC.QUERY_MESSAGE: {"maxNum": INT, "beginTimestamp": LONG, "endTimestamp": LONG},
     RC.QUERY_CONSUMER_OFFSET: _QUEUE,
-    RC.UPDATE_CONSUMER_OFFSET: {"queueId": INT, "commitOffset": LONG},
+    RC.UPDATE_CONSUMER_OFFSET: {"queueId": INT, "commitOffset": LONG, "resetGeneration": LONG},
     RC.UPDATE_AND_CREATE_TOPIC: {"readQueueNums": INT, "writeQueueNums": INT, "perm": INT, "topicSysFlag": INT},
     RC.SEARCH_OFFSET_BY_TIMESTAMP: {"queueId": INT, "timestamp": LONG},
     RC.GET_MAX_OFFSET: _QUEUE,
@@ -61,7 +67,7 @@ FIELD_TYPES: dict[int, dict[str, str]] = {
     RC.CHECK_TRANSACTION_STATE: {"tranStateTableOffset": LONG, "commitLogOffset": LONG},
     RC.REGISTER_BROKER: {**_BROKER, "bodyCrc32": INT},
     RC.UNREGISTER_BROKER: _BROKER,
-    RC.RESET_CONSUMER_CLIENT_OFFSET: _RESET,
+    RC.RESET_CONSUMER_CLIENT_OFFSET: {**_RESET, "resetGeneration": LONG},
     RC.INVOKE_BROKER_TO_RESET_OFFSET: _RESET,
     RC.QUERY_DLQ_MESSAGES: {"offset": LONG, "maxNums": INT},
     RC.SKIP_MESSAGE: {"queueId": INT, "queueOffset": LONG},
@@ -160,3 +166,44 @@ def check_field_ranges(code: int, ext: dict[str, Any], body: Any = None) -> str 
                 if type(raw) is int and not lo <= raw <= hi:
                     return _out_of_range("body", where, raw, java)
     return None
+
+
+# -- reading header fields in handlers ---------------------------------------------------------------------
+
+_JAVA_OF_BITS = {32: JAVA_INT, 64: JAVA_LONG}
+
+
+def int_field(ext: dict[str, Any], name: str, default: int | None = None, *, bits: int = 64) -> int:
+    """An int header field within the signed ``bits``-bit range of the record field it fills (32: a Java int,
+    64: a Java long).
+
+    RequestError(SYSTEM_ERROR) naming the field when it is missing, not an int, or out of range (a value that
+    does not fit would otherwise fail deep in the store's struct packing).
+    """
+    v = ext.get(name, default)
+    if v is None:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} is missing")
+    if type(v) is not int:
+        if isinstance(v, str):
+            try:
+                v = int(v)  # RocketMQ's extFields are strings; accept them from such clients
+            except ValueError:
+                raise RequestError(ResponseCode.SYSTEM_ERROR,
+                                   f"header field {name!r} must be an integer, got {_show(repr(v))}") from None
+        else:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be an integer, got {_show(repr(v))}")
+    java = _JAVA_OF_BITS[bits]
+    lo, hi = JAVA_RANGES[java]
+    if not lo <= v <= hi:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, _out_of_range("header", name, v, java))
+    return v
+
+
+def str_field(ext: dict[str, Any], name: str, default: str | None = None) -> str:
+    """A str header field; RequestError(SYSTEM_ERROR) naming the field when it is missing or not a str."""
+    v = ext.get(name, default)
+    if v is None:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} is missing")
+    if not isinstance(v, str):
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be a string, got {_show(repr(v))}")
+    return v

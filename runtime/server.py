@@ -45,7 +45,7 @@ import trio
 from trimq.protocol.address import format_address
 from trimq.protocol.codes import ResponseCode, code_name
 from trimq.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
-from trimq.protocol.errors import ProtocolError
+from trimq.protocol.errors import ProtocolError, RequestError
 from trimq.protocol.fields import check_field_ranges
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
@@ -87,15 +87,6 @@ def bounded_remark(remark: str, limit: int = MAX_REMARK_CHARS) -> str:
     if len(remark) <= limit:
         return remark
     return f"{remark[:limit]}... ({len(remark) - limit} more characters)"
-
-
-class RequestError(Exception):
-    """Raised by a handler to answer with a specific response code and remark."""
-
-    def __init__(self, code: int, remark: str) -> None:
-        super().__init__(remark)
-        self.code = int(code)
-        self.remark = remark
 
 
 class ConnectionClosedError(Exception):
@@ -810,4 +801,4 @@ def _set_nodelay(stream: Any) -> None:
 
 
 __all__ = ["DEFERRED", "MAX_REMARK_CHARS", "Authorizer", "Connection", "ConnectionClosedError", "Deferred",
-           "FastPath", "Handler", "RemotingServer", "RequestError", "bounded_remark"]
+           "FastPath", "Handler", "RemotingServer", "bounded_remark"]

@@ -11,45 +11,14 @@ RocketMQ only adds and keeps stale topics until an explicit delete.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BROKER_CHANNEL_EXPIRED_MS", "BrokerLiveInfo", "QueueData", "RouteInfoManager"]
+from trimq.protocol.route import MASTER_ID, BrokerData, QueueData, TopicRouteData
+
+__all__ = ["BROKER_CHANNEL_EXPIRED_MS", "BrokerLiveInfo", "RouteInfoManager"]
 
 BROKER_CHANNEL_EXPIRED_MS = 120_000
-MASTER_ID = 0
-
-
-@dataclass(slots=True, frozen=True)
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_sys_flag: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "brokerName": self.broker_name,
-            "readQueueNums": self.read_queue_nums,
-            "writeQueueNums": self.write_queue_nums,
-            "perm": self.perm,
-            "topicSysFlag": self.topic_sys_flag,
-        }
-
-
-@dataclass(slots=True)
-class BrokerData:
-    cluster: str
-    broker_name: str
-    broker_addrs: dict[int, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "cluster": self.cluster,
-            "brokerName": self.broker_name,
-            "brokerAddrs": {str(k): v for k, v in sorted(self.broker_addrs.items())},
-        }
 
 
 @dataclass(slots=True)
@@ -171,27 +140,33 @@ class RouteInfoManager:
                                broker_id=live.broker_id)
 
     # -- queries ----------------------------------------------------------------------------------------
-    def pickup_topic_route_data(self, topic: str) -> dict[str, Any] | None:
-        """RocketMQ's TopicRouteData for ``topic`` as JSON, or None when no broker serves it."""
+    def pickup_topic_route_data(self, topic: str) -> TopicRouteData | None:
+        """RocketMQ's TopicRouteData for ``topic`` (brokers in name order), or None when no broker serves it."""
         qds = self.topic_queue_table.get(topic)
         if not qds:
             return None
-        broker_datas = [self.broker_addr_table[name].to_json() for name in sorted(qds)
-                        if name in self.broker_addr_table]
+        broker_datas = tuple(self._snapshot(self.broker_addr_table[name]) for name in sorted(qds)
+                             if name in self.broker_addr_table)
         if not broker_datas:
             return None
-        return {
-            "brokerDatas": broker_datas,
-            "queueDatas": [qds[name].to_json() for name in sorted(qds)],
-            "filterServerTable": {},
-        }
+        return TopicRouteData(broker_datas, tuple(qds[name] for name in sorted(qds)))
+
+    @staticmethod
+    def _snapshot(bd: BrokerData) -> BrokerData:
+        """A copy whose addresses later registrations do not change (the table's own is updated in place)."""
+        return BrokerData(bd.cluster, bd.broker_name, dict(bd.broker_addrs))
 
     def get_all_cluster_info(self) -> dict[str, Any]:
         """RocketMQ's ClusterInfo: ``brokerAddrTable`` and ``clusterAddrTable``."""
         return {
-            "brokerAddrTable": {name: bd.to_json() for name, bd in sorted(self.broker_addr_table.items())},
+            "brokerAddrTable": {name: bd.to_wire() for name, bd in sorted(self.broker_addr_table.items())},
             "clusterAddrTable": {c: sorted(names) for c, names in sorted(self.cluster_addr_table.items())},
         }
 
     def get_all_topic_list(self) -> list[str]:
         return sorted(self.topic_queue_table)
+
+    def delete_topic(self, topic: str) -> bool:
+        """RocketMQ's deleteTopic: forget the topic's route on every broker; whether it had one. (A broker that
+        still hosts it brings it back with its next registration: delete it on the brokers first.)"""
+        return self.topic_queue_table.pop(topic, None) is not None

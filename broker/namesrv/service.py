@@ -20,10 +20,11 @@ from trimq.broker.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoMana
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RequestError
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
 from trimq.runtime.daemon import open_listeners, run_services
 from trimq.runtime.logs import get_logger
-from trimq.runtime.server import Connection, RemotingServer, RequestError
+from trimq.runtime.server import Connection, RemotingServer
 from trimq.runtime.settings import setting, validate_dataclass
 from trimq.runtime.tls import server_ssl_context
 
@@ -87,6 +88,7 @@ class NameServer:
         reg(RequestCode.GET_ROUTEINFO_BY_TOPIC, self.get_routeinfo_by_topic)
         reg(RequestCode.GET_BROKER_CLUSTER_INFO, self.get_broker_cluster_info)
         reg(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self.get_all_topic_list)
+        reg(RequestCode.DELETE_TOPIC_IN_NAMESRV, self.delete_topic_in_namesrv)
         server.on_connection_closed(self._on_connection_closed)
 
     @property
@@ -180,7 +182,7 @@ class NameServer:
         if route is None:
             raise RequestError(ResponseCode.TOPIC_NOT_EXIST,
                                f"No topic route info in name server for the topic: {topic}")
-        return RemotingCommand.response_to(cmd, body=route)
+        return RemotingCommand.response_to(cmd, body=route.to_wire())
 
     async def get_broker_cluster_info(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         body = self.routes.get_all_cluster_info()
@@ -207,6 +209,15 @@ class NameServer:
 
     async def get_all_topic_list(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         return RemotingCommand.response_to(cmd, body={"topicList": self.routes.get_all_topic_list()})
+
+    async def delete_topic_in_namesrv(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """DELETE_TOPIC_IN_NAMESRV (216): ext ``topic``; SUCCESS whether or not it had a route (RocketMQ's)."""
+        topic = cmd.ext.get("topic")
+        if not isinstance(topic, str) or not topic:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "header field 'topic' must be a non-empty string")
+        if self.routes.delete_topic(topic):
+            log.info("namesrv.topic_deleted", topic=topic, remote=conn.remote)
+        return RemotingCommand.response_to(cmd)
 
 
 @asynccontextmanager

@@ -35,14 +35,15 @@ from trimq.broker.deps import (
     QueueOffsets,
     Topics,
 )
-from trimq.broker.processors.send import int_field, str_field
 from trimq.broker.services import HandlerService
 from trimq.protocol.codes import RequestCode, ResponseCode, code_name
 from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RequestError
+from trimq.protocol.fields import int_field, str_field
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic
 from trimq.runtime.logs import get_logger
-from trimq.runtime.server import ConnectionClosedError, RequestError
+from trimq.runtime.server import ConnectionClosedError
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection

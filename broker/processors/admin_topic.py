@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trimq.broker.deps import AdminStore, HandlerRegistry, TopicAdmin
-from trimq.broker.processors.send import int_field, str_field
 from trimq.broker.services import HandlerService
 from trimq.broker.store.topics import MAX_QUEUE_NUMS, TopicConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RequestError
+from trimq.protocol.fields import int_field, str_field
 from trimq.protocol.validation import SYSTEM_TOPICS, InvalidNameError, check_topic
 from trimq.runtime.logs import get_logger
-from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection

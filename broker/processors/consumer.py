@@ -36,10 +36,10 @@ from trimq.broker.store.epoch import BrokerEpochStore, epoch_file_path
 from trimq.broker.store.offsets import ConsumerOffsetManager
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RequestError
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic, retry_topic
 from trimq.runtime.logs import get_logger
-from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection

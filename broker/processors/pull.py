@@ -37,13 +37,14 @@ import trio
 from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import ConsumerOffsets, QueueReader, RequestServer, Topics
 from trimq.broker.long_polling import LongPolling
-from trimq.broker.processors.send import int_field, str_field
 from trimq.broker.store.consume_queue import tags_string_to_tags_code
 from trimq.broker.store.message_store import GetMessageResult, GetMessageStatus
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RequestError
+from trimq.protocol.fields import int_field, str_field
 from trimq.runtime.logs import get_logger
-from trimq.runtime.server import DEFERRED, Deferred, RequestError
+from trimq.runtime.server import DEFERRED, Deferred
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection

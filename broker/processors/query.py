@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from trimq.broker.processors.send import int_field
 from trimq.broker.store.index_dispatch import QueryMessageResult
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RequestError
+from trimq.protocol.fields import int_field
 from trimq.protocol.validation import InvalidNameError, check_topic
 from trimq.runtime.logs import get_logger
-from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection, Handler

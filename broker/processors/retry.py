@@ -43,6 +43,7 @@ from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RequestError
 from trimq.protocol.message import MessageConst, MessageExt, decode_properties, encode_properties
 from trimq.protocol.record import parse_message_id
 from trimq.protocol.validation import (
@@ -54,7 +55,6 @@ from trimq.protocol.validation import (
     retry_topic,
 )
 from trimq.runtime.logs import get_logger
-from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection

@@ -22,14 +22,15 @@ from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
+from trimq.protocol.errors import RequestError
+from trimq.protocol.fields import int_field, str_field
 from trimq.protocol.message import MAX_PROPERTIES_BYTES
 from trimq.protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic
-from trimq.runtime.server import RequestError
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection
 
-__all__ = ["SendService", "int_field", "str_field"]
+__all__ = ["SendService", "born_host_of"]
 
 #: Topics producers may not send to (RocketMQ's TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET, trimq's subset).
 NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC})
@@ -44,44 +45,6 @@ _STATUS_CODE = {
     PutMessageStatus.OS_PAGECACHE_BUSY: ResponseCode.SYSTEM_ERROR,
     PutMessageStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
 }
-
-
-_INT_RANGES = {32: (-(2**31), 2**31 - 1), 64: (-(2**63), 2**63 - 1)}
-
-
-def int_field(ext: dict[str, Any], name: str, default: int | None = None, *, bits: int = 64) -> int:
-    """An int header field within the signed ``bits``-bit range of the record field it fills.
-
-    RequestError(SYSTEM_ERROR) naming the field when it is missing, not an int, or out of range (a value that
-    does not fit would otherwise fail deep in the store's struct packing).
-    """
-    v = ext.get(name, default)
-    if v is None:
-        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} is missing")
-    if type(v) is not int:
-        if isinstance(v, str):
-            try:
-                v = int(v)  # RocketMQ's extFields are strings; accept them from such clients
-            except ValueError:
-                raise RequestError(ResponseCode.SYSTEM_ERROR,
-                                   f"header field {name!r} must be an integer, got {v!r}") from None
-        else:
-            raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be an integer, got {v!r}")
-    lo, hi = _INT_RANGES[bits]
-    if not lo <= v <= hi:
-        raise RequestError(ResponseCode.SYSTEM_ERROR,
-                           f"header field {name!r} = {v} is outside the int{bits} range [{lo}, {hi}]")
-    return v
-
-
-def str_field(ext: dict[str, Any], name: str, default: str | None = None) -> str:
-    """A str header field; RequestError(SYSTEM_ERROR) naming the field when it is missing or not a str."""
-    v = ext.get(name, default)
-    if v is None:
-        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} is missing")
-    if not isinstance(v, str):
-        raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be a string, got {v!r}")
-    return v
 
 
 def born_host_of(conn: Connection) -> tuple[str, int]:

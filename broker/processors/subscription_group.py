@@ -10,7 +10,7 @@ from trimq.broker.services import HandlerService
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
-from trimq.runtime.server import RequestError
+from trimq.protocol.errors import RequestError
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection

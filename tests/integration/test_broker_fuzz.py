@@ -30,12 +30,12 @@ from trimq.broker.broker import Broker, open_broker
 from trimq.broker.config import BrokerConfig
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.address import parse_address
-from trimq.protocol.errors import ProtocolError
+from trimq.protocol.errors import ProtocolError, RequestError
 from trimq.protocol.fields import BODY_FIELD_TYPES, FIELD_TYPES, JAVA_RANGES
 from trimq.protocol.frame import FrameDecoder, encode_frame
 from trimq.protocol.record import iter_records
 from trimq.runtime.client import RemotingClient
-from trimq.runtime.server import Connection, RequestError
+from trimq.runtime.server import Connection
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the shared mutators live in tests/fuzz/

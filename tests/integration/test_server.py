@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
+from trimq.protocol.errors import RequestError
 from trimq.protocol.frame import FrameDecoder, encode_frame
 from trimq.runtime.client import RemotingClient, RemotingConnectError, RemotingTimeoutError
-from trimq.runtime.server import Connection, RemotingServer, RequestError
+from trimq.runtime.server import Connection, RemotingServer
 
 ECHO = 1000
 SLOW = 1001

@@ -16,7 +16,7 @@ from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
-from trimq.runtime.server import RequestError
+from trimq.protocol.errors import RequestError
 
 
 class FakeRegistry:

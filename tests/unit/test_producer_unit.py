@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from trimq.client.api import BrokerData, QueueData, TopicRouteData, parse_route
+from trimq.client.api import parse_route
 from trimq.client.config import ClientConfig
 from trimq.client.errors import (
     ClientIdConflictError,
@@ -22,6 +22,7 @@ from trimq.client.instance import ClientInstance, TopicPublishInfo, build_client
 from trimq.client.producer import UniqIdGenerator, validate_message
 from trimq.protocol.message import Message
 from trimq.protocol.message_queue import MessageQueue
+from trimq.protocol.route import BrokerData, QueueData, TopicRouteData
 
 
 def test_validate_message_errors_are_specific() -> None:

@@ -23,7 +23,7 @@ def test_route_has_rocketmqs_shape() -> None:
     assert register(r, "broker-a", "10.0.0.1:10911", topics("T", "U"), 0) is True
     assert register(r, "broker-a", "10.0.0.1:10911", topics("T", "U"), 10) is False  # a refresh
     route = r.pickup_topic_route_data("T")
-    assert route == {
+    assert route is not None and route.to_wire() == {
         "brokerDatas": [
             {"cluster": "DefaultCluster", "brokerName": "broker-a", "brokerAddrs": {"0": "10.0.0.1:10911"}},
             {"cluster": "DefaultCluster", "brokerName": "broker-b", "brokerAddrs": {"0": "10.0.0.2:10911"}},
@@ -47,7 +47,7 @@ def test_a_registration_replaces_the_brokers_topics() -> None:
     register(r, "a", "h:1", topics("T", "New", queues=2), 1)
     assert r.get_all_topic_list() == ["New", "T"]
     route = r.pickup_topic_route_data("T")
-    assert route is not None and route["queueDatas"][0]["readQueueNums"] == 2
+    assert route is not None and route.queue_datas[0].read_queue_nums == 2
 
 
 def test_expiry_after_120_s_of_silence() -> None:
@@ -58,7 +58,7 @@ def test_expiry_after_120_s_of_silence() -> None:
     assert r.scan_not_active_broker(BROKER_CHANNEL_EXPIRED_MS) == []  # exactly 120 s: still alive
     assert r.scan_not_active_broker(BROKER_CHANNEL_EXPIRED_MS + 1) == ["h:1"]
     route = r.pickup_topic_route_data("T")
-    assert route is not None and [b["brokerName"] for b in route["brokerDatas"]] == ["b"]
+    assert route is not None and [b.broker_name for b in route.broker_datas] == ["b"]
     assert r.scan_not_active_broker(60_000 + BROKER_CHANNEL_EXPIRED_MS + 1) == ["h:2"]
     assert r.pickup_topic_route_data("T") is None
     assert r.get_all_cluster_info() == {"brokerAddrTable": {}, "clusterAddrTable": {}}
@@ -94,5 +94,5 @@ def test_a_slave_registration_does_not_define_queue_data() -> None:
     r.register_broker(cluster="DefaultCluster", broker_addr="h:9", broker_name="a", broker_id=1,
                       topic_config_table=topics("X"), now_ms=0)
     route = r.pickup_topic_route_data("T")
-    assert route is not None and route["brokerDatas"][0]["brokerAddrs"] == {"0": "h:1", "1": "h:9"}
+    assert route is not None and route.broker_datas[0].broker_addrs == {0: "h:1", 1: "h:9"}
     assert r.pickup_topic_route_data("X") is None

@@ -158,6 +158,33 @@ class BrokerConfig:
     namesrv_tls: bool = setting(False, "register with the name servers over TLS, verifying them with tls_ca_file "
                                        "(or the system CAs); presents tls_cert_file when set (mutual TLS)")
     acl_file: str = setting("", "ACL TOML file; requests must be signed by one of its accounts (empty: ACL off)")
+    # -- high availability: master/slave replication (issue 15; docs/OPERATIONS.md "High availability")
+    broker_role: str = setting("ASYNC_MASTER", "ASYNC_MASTER (sends answered once stored), SYNC_MASTER (answered "
+                               "once a slave has them too) or SLAVE (follows its master, refuses sends; RocketMQ's "
+                               "brokerRole); a promotion or demotion recorded in STORE/config/haState.json wins",
+                               choices=("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"))
+    broker_id: int = setting(0, "0 for a master, > 0 for a slave of the same broker_name (RocketMQ's brokerId)",
+                             min=0, max=1024)
+    ha_listen_port: int = setting(-1, "port of the replication stream (RocketMQ's haListenPort); -1: the listen "
+                                  "port + 1, or any free port when that is 0", min=0, max=65535, also=(-1,))
+    ha_master_address: str = setting("", "SLAVE: HOST:PORT of the master's HA port (RocketMQ's haMasterAddress); "
+                                     "empty: learned from the name server")
+    ha_send_heartbeat_interval: int = setting(5_000, "ms between a slave's offset reports when idle, and between "
+                                              "the master's empty frames (RocketMQ's haSendHeartbeatInterval)",
+                                              min=10, max=600_000)
+    ha_housekeeping_interval: int = setting(20_000, "ms without a byte from the peer after which a replication "
+                                            "connection is closed (RocketMQ's haHousekeepingInterval)",
+                                            min=100, max=3_600_000)
+    ha_transfer_batch_size: int = setting(32 * 1024, "most commit-log bytes in one replication frame (RocketMQ's "
+                                          "haTransferBatchSize)", min=1024, max=16 * 1024 * 1024)
+    ha_slave_fallbehind_max: int = setting(256 * 1024 * 1024, "SYNC_MASTER: a slave more bytes behind than this "
+                                           "is not waited for: sends get SLAVE_NOT_AVAILABLE (RocketMQ's "
+                                           "haSlaveFallbehindMax)", min=0, max=2**62)
+    slave_timeout: int = setting(3_000, "SYNC_MASTER: ms a send waits for a slave before FLUSH_SLAVE_TIMEOUT "
+                                 "(RocketMQ's syncFlushTimeout for the slave, 3 s)", min=1, max=600_000)
+    slave_synchronize_interval_ms: int = setting(10_000, "SLAVE: how often topics, subscription groups, consumer "
+                                                 "offsets and delay offsets are fetched from the master (first after "
+                                                 "3 s; RocketMQ: 10 s)", min=100, max=3_600_000)
 
     def validate(self) -> BrokerConfig:
         """Check every value against its range; raise ConfigError for the first bad one."""
@@ -186,6 +213,16 @@ class BrokerConfig:
             )
         if self.tls_key_file and not self.tls_cert_file:
             raise ConfigError(f"tls_key_file = {self.tls_key_file!r}: needs tls_cert_file too")
+        if self.broker_role == "SLAVE" and self.broker_id == 0:
+            raise ConfigError("broker_id = 0 with broker_role = SLAVE: a slave's broker_id must be > 0 (0 is the master)")
+        if self.broker_role != "SLAVE" and self.broker_id != 0:
+            raise ConfigError(f"broker_id = {self.broker_id} with broker_role = {self.broker_role}: a master's "
+                              "broker_id is 0")
+        if self.ha_master_address:
+            try:
+                parse_address(self.ha_master_address)
+            except ValueError as exc:
+                raise ConfigError(f"ha_master_address = {self.ha_master_address!r}: {exc}") from None
         if self.tls_require_client_cert and not (self.tls_cert_file and self.tls_ca_file):
             raise ConfigError("tls_require_client_cert = true: needs tls_cert_file and tls_ca_file")
         return self
@@ -203,12 +240,6 @@ class BrokerConfig:
         return self.lease_ms * self.lease_drift_percent // 100 + self.lease_margin_ms
 
     @property
-    def orphaned_lock_max_live_time_ms(self) -> int:
-        """Deprecated name, not a setting any more (lock_disconnect_grace_ms replaced it): until the coordination
-        service uses the grace, a closed connection's locks live no longer than a lease plus its margin."""
-        return self.lock_lease_ms + self.lock_takeover_margin_ms
-
-    @property
     def lock_disconnect_grace(self) -> int:
         """How long a closed connection's locks and orderly memberships outlive it; 0: the rocketmq profile
         (memberships go at once, locks stay until they expire)."""
@@ -217,6 +248,14 @@ class BrokerConfig:
     @property
     def sync_flush(self) -> bool:
         return self.flush_disk_type == "SYNC_FLUSH"
+
+    @property
+    def ha_port(self) -> int:
+        """The HA port to bind: ``ha_listen_port``, or the listen port + 1 (0, any free port, when that is 0)."""
+        if self.ha_listen_port >= 0:
+            return self.ha_listen_port
+        port = parse_address(self.listen)[1]
+        return port + 1 if 0 < port < 65535 else 0
 
     @property
     def namesrv_addrs(self) -> list[str]:

@@ -407,20 +407,6 @@ class RebalanceLockManager:
                 affected.append((group, mq))
         return affected
 
-    def orphan_client(self, client_id: str, max_live_ms: int) -> list[tuple[str, MessageQueue]]:
-        """Deprecated (the coordination service moves to ``release_client_after``): make the client's locks
-        expire ``max_live_ms`` after their last renewal, never later than already set."""
-        _check_name("client_id", client_id)
-        _check_ms("max_live_ms", max_live_ms)
-        affected = []
-        for group, entries in self._table.items():
-            for mq, entry in entries.items():
-                if entry.client_id == client_id:
-                    at = entry.last_update_timestamp + max_live_ms
-                    entry.release_at = at if entry.release_at is None else min(entry.release_at, at)
-                    affected.append((group, mq))
-        return affected
-
     def drop_released(self) -> list[tuple[str, MessageQueue, str]]:
         """Remove the entries whose disconnect grace has passed; returns (group, queue, former owner).
 

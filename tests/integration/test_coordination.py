@@ -146,7 +146,9 @@ async def test_heartbeat_registers_and_client_that_stops_heartbeating_is_expired
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     # Idle connections off: the silent member's connection would otherwise close at 120 s (RocketMQ's
     # serverChannelMaxIdleTimeSeconds) and remove it first; here the heartbeat expiry alone is under test.
-    async with running_broker(tmp_path, server_channel_max_idle_time_seconds=0) as broker, \
+    # RocketMQ's clocks: under the default lease profile a silent orderly member leaves with its 2 s lease
+    # (tests/integration/test_leases.py); the 120 s heartbeat expiry is what is under test here.
+    async with running_broker(tmp_path, server_channel_max_idle_time_seconds=0, lock_profile="rocketmq") as broker, \
             Member("quiet") as quiet, Member("chatty") as chatty:
         addr = broker.address
         await quiet.heartbeat(addr)
@@ -166,7 +168,10 @@ async def test_heartbeat_registers_and_client_that_stops_heartbeating_is_expired
         assert broker.consumer_manager.stats["expired"] == 1
 
 
-async def test_closing_a_connection_removes_the_member_at_once(tmp_path: Path) -> None:
+async def test_closing_a_connection_removes_the_member_and_its_locks_after_the_grace(tmp_path: Path) -> None:
+    # Semantics changed with issue 14 (leases): an orderly member and its queue locks go
+    # lock_disconnect_grace_ms (300 ms) after its connection closes, unless it renews in time; under the rocketmq
+    # profile the member went at once and its locks stayed (test below).
     async with running_broker(tmp_path) as broker, Member("leaver") as leaver, Member("stayer") as stayer:
         addr = broker.address
         await leaver.heartbeat(addr)
@@ -178,21 +183,22 @@ async def test_closing_a_connection_removes_the_member_at_once(tmp_path: Path) -
         assert cm.find_channel(G, "leaver") is not None
         stayer.notified = trio.Event()
         leaver.rc.close_address(addr)
-        await stayer.notified.wait()  # the broker noticed the close and told the remaining member
-        assert await consumer_ids(stayer.rc, addr) == ["stayer"]
+        await stayer.notified.wait()  # the broker noticed the close and, after the grace, told the others
         assert cm.find_channel(G, "leaver") is None
+        assert await consumer_ids(stayer.rc, addr) == ["stayer"]
         assert cm.stats["closed"] == 1
-        # Its lock is not freed by a mere disconnect: the client may still be consuming until its own lock
-        # lifetime runs out, so only UNREGISTER_CLIENT or the (orphaned: 32 s) expiry hand the queue over.
-        assert await lock(stayer.rc, addr, "stayer", [mq(0)]) == set()
+        # The grace is over: its lock too (the client stopped starting batches when its connection dropped).
+        assert await lock(stayer.rc, addr, "stayer", [mq(0)]) == {mq(0)}
 
 
-async def test_a_closed_members_locks_expire_32s_after_their_last_renewal_not_60s(
+async def test_under_rocketmq_clocks_a_closed_members_locks_stay_until_they_expire(
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    """A SIGKILLed consumer's queues move after orphaned_lock_max_live_time_ms (32 s: above the client's own
-    30 s lock lifetime), not after RocketMQ's 60 s; a member that reconnects and renews keeps its locks."""
-    async with running_broker(tmp_path) as broker, Member("dead") as dead, Member("alive") as alive, \
-            Member("back") as back:
+    """The rocketmq lock profile (semantics changed with issue 14: the 32 s orphaned-lock rule is gone; with
+    leases a closed connection's locks go after a 300 ms grace, tests/integration/test_leases.py): a closed
+    member's queue locks live their full 60 s after their last renewal; a member that reconnects and renews
+    keeps its locks."""
+    async with running_broker(tmp_path, lock_profile="rocketmq") as broker, Member("dead") as dead, \
+            Member("alive") as alive, Member("back") as back:
         addr = broker.address
         for m in (dead, alive, back):
             await m.heartbeat(addr)
@@ -203,16 +209,17 @@ async def test_a_closed_members_locks_expire_32s_after_their_last_renewal_not_60
         await trio.sleep(0.5)
         await back.heartbeat(addr)  # reconnects at once and renews: its lock is its own again, full life
         assert await lock(back.rc, addr, "back", [mq(1)]) == {mq(1)}
-        await trio.sleep(31.4)  # 31.9 s after the dead member's last renewal: still its own
+        await trio.sleep(59.4)  # 59.9 s after the dead member's last renewal: still its own
         assert await lock(alive.rc, addr, "alive", [mq(0)]) == set()
-        await trio.sleep(0.2)  # past 32 s
+        await trio.sleep(0.2)  # past 60 s
         assert await lock(alive.rc, addr, "alive", [mq(0)]) == {mq(0)}
         assert await lock(alive.rc, addr, "alive", [mq(1)]) == set()  # 'back' renewed over its new connection
 
 
 async def test_expiry_keeps_a_lock_its_silent_owner_still_renews(
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    async with running_broker(tmp_path) as broker, Member("renewer") as renewer:
+    # RocketMQ's clocks; with leases a renewal is also the orderly member's heartbeat (test_leases.py).
+    async with running_broker(tmp_path, lock_profile="rocketmq") as broker, Member("renewer") as renewer:
         addr = broker.address
         await renewer.heartbeat(addr)
         for _ in range(8):  # no more heartbeats, but the lock is renewed every 20 s
@@ -232,7 +239,7 @@ async def test_get_consumer_list_of_an_empty_group_is_rocketmqs_system_error(tmp
 
 async def test_notify_once_per_member_when_a_third_joins_and_for_a_burst(
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, lock_profile="rocketmq") as broker:
         addr = broker.address
         async with Member("c1") as c1, Member("c2") as c2, Member("c3") as c3, Member("c4") as c4, \
                 Member("c5") as c5, Member("c6") as c6:
@@ -317,7 +324,7 @@ async def test_bad_requests_get_specific_errors_and_keep_the_connection(tmp_path
 
 
 async def test_two_clients_racing_for_overlapping_queues_each_queue_goes_to_exactly_one(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker, Member("a") as a, Member("b") as b:
+    async with running_broker(tmp_path, lock_profile="rocketmq") as broker, Member("a") as a, Member("b") as b:
         addr = broker.address
         for round_ in range(20):
             group = f"race_{round_}"
@@ -345,7 +352,7 @@ async def test_two_clients_racing_for_overlapping_queues_each_queue_goes_to_exac
 
 async def test_locks_expire_on_the_broker_clock_and_can_then_be_taken_over(
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    async with running_broker(tmp_path) as broker, RemotingClient() as rc:
+    async with running_broker(tmp_path, lock_profile="rocketmq") as broker, RemotingClient() as rc:
         addr = broker.address
         assert await lock(rc, addr, "a", [mq(0)]) == {mq(0)}
         await trio.sleep(60)  # exactly 60 s: still live

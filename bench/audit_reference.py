@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
+import re
 import socket
 import struct
 import sys
@@ -48,14 +49,15 @@ def special(topic: str) -> bool:
     return topic.startswith(("%RETRY%", "%DLQ%", "RMQ_SYS_")) or topic == SCHEDULE
 
 
+_KEY = re.compile(r"[ \t\n\x0b\f\r]*([^ \t\n\x0b\f\r]+)")
+
+
 def shard_key(keys: str | None) -> str | None:
+    """The first space-separated KEYS entry (java's ^\\s*(\\S+))."""
     if not keys:
         return None
-    k = keys.lstrip(" \t\n\x0b\f\r")
-    end = 0
-    while end < len(k) and k[end] not in " \t\n\x0b\f\r":
-        end += 1
-    return k[:end] or None
+    m = _KEY.match(keys)
+    return m.group(1) if m else None
 
 
 class Report:
@@ -142,6 +144,7 @@ def run(store: Path, *, since: int | None = None, limit: int = 20, parse_only: b
 
     for si, path in enumerate(segs):
         base = int(path.name)
+        seg_name = path.name
         size = seg_size[path]
         if size == 0:
             continue
@@ -209,7 +212,6 @@ def run(store: Path, *, since: int | None = None, limit: int = 20, parse_only: b
                             q_max[qk] = qoff
                     if not in_win:
                         continue
-                    seg_name = path.name
                     if not body_ok:
                         rep.add("integrity", "crc_mismatch", topic=topic, queue_id=qid, queue_offset=qoff,
                                 physical_offset=phys, segment=seg_name, file_position=pos_here, key=key)

@@ -145,7 +145,8 @@ def generate(root: Path, messages: int, *, body: int = 256, queues: int = 8, key
     for qi in range(queues):
         qdir = root / "consumequeue" / TOPIC / str(qi)
         qdir.mkdir(parents=True, exist_ok=True)
-        allu = np.concatenate(units[qi]) if units[qi] else np.empty(0, dtype=unit_dtype)
+        # (np.concatenate turns the big-endian structured dtype into a native one: convert back.)
+        allu = (np.concatenate(units[qi]) if units[qi] else np.empty(0, dtype=unit_dtype)).astype(unit_dtype)
         for f0 in range(0, max(len(allu), 1), CQ_UNITS_PER_FILE):
             chunk = allu[f0 : f0 + CQ_UNITS_PER_FILE]
             path = qdir / f"{f0 * 20:020d}"

@@ -48,7 +48,7 @@ demo: $(DEMO_STAMP)
 # mypy and lint-imports read the layer folders through build/typecheck/trimq, links that lay them out as
 # installed (neither follows setuptools' editable-install import hook).
 TYPECHECK := build/typecheck/trimq
-LAYERS := protocol runtime broker client spark_jobs tools testing demo
+LAYERS := protocol runtime namesrv broker client spark_jobs tools testing demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check trimq $(LAYERS) tests bench setup.py

@@ -4,7 +4,7 @@
 from setuptools import find_packages, setup
 
 # Each folder here is one layer of trimq; a new layer gets a folder of its own and a line here.
-LAYERS = ["protocol", "runtime", "broker", "client", "spark_jobs", "tools", "testing", "demo"]
+LAYERS = ["protocol", "runtime", "namesrv", "broker", "client", "spark_jobs", "tools", "testing", "demo"]
 
 package_dir = {"trimq": "trimq"}
 packages = ["trimq"]

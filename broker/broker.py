@@ -22,8 +22,6 @@ from trimq.broker.consumers import ConsumerManager
 from trimq.broker.locks import RebalanceLockManager
 from trimq.broker.long_polling import LongPolling
 from trimq.broker.metrics import BrokerCollector, BrokerMetrics
-from trimq.broker.namesrv.metrics import NamesrvCollector
-from trimq.broker.namesrv.service import NameServer, NamesrvService
 from trimq.broker.processors.admin_forward import AdminForwardService
 from trimq.broker.processors.admin_topic import AdminTopicService
 from trimq.broker.processors.basic import BasicService
@@ -39,6 +37,8 @@ from trimq.broker.store.offsets import ConsumerOffsetManager, offset_file_path
 from trimq.broker.store.schedule import ScheduleMessageService
 from trimq.broker.store.subscription_groups import SubscriptionGroupManager
 from trimq.broker.store.topics import TopicConfigManager
+from trimq.namesrv.metrics import NamesrvCollector
+from trimq.namesrv.service import NameServer, NamesrvService
 from trimq.protocol.address import format_address
 from trimq.runtime.daemon import Service, open_listeners, run_services
 from trimq.runtime.logs import get_logger
@@ -145,7 +145,7 @@ class Broker:
                 consumers=self.consumer_manager, locks=self.lock_manager, send=self.send_service,
                 pull=self.pull_service, coordination=self.coordination_service, retry=self.retry_service,
                 schedule=self.schedule_message_service, long_polling=self.long_polling)
-            extra = (NamesrvCollector(self.namesrv, include_server=False),) if self.namesrv is not None else ()
+            extra = (NamesrvCollector(self.namesrv.routes),) if self.namesrv is not None else ()
             self.metrics = BrokerMetrics(config=config, server=server, store=self.store, collector=collector,
                                          extra=extra)
 

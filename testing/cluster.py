@@ -15,10 +15,11 @@ import trio
 from trimq.broker.broker import Broker
 from trimq.broker.broker import open_broker as _run_broker
 from trimq.broker.config import BrokerConfig
-from trimq.broker.namesrv.service import NamesrvConfig, open_namesrv
 from trimq.client.admin import Admin, AdminError, open_admin
 from trimq.client.admin_results import TopicCreateResult
 from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig
+from trimq.namesrv.config import NamesrvConfig
+from trimq.namesrv.service import open_namesrv
 
 __all__ = ["Cluster", "open_broker", "open_cluster"]
 

@@ -34,7 +34,8 @@ def main(listen: str | None, metrics_port: int | None, tls_cert_file: str | None
     environment variables, then flags. SIGINT/SIGTERM stop it gracefully (exit status 0). It writes
     nothing to disk.
     """
-    from trimq.broker.namesrv.service import NamesrvConfig, serve_namesrv
+    from trimq.namesrv.config import NamesrvConfig
+    from trimq.namesrv.service import serve_namesrv
 
     configure_logging(log_format, log_level)
     try:

@@ -35,7 +35,8 @@ import trio
 
 from trimq.broker.broker import Broker, open_broker
 from trimq.broker.config import BrokerConfig
-from trimq.broker.namesrv.service import NameServer, NamesrvConfig, open_namesrv
+from trimq.namesrv.config import NamesrvConfig
+from trimq.namesrv.service import NameServer, open_namesrv
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
 

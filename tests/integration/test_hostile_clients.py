@@ -15,9 +15,9 @@ import trio
 import trio.testing
 
 from trimq.broker.broker import Broker
-from trimq.broker.namesrv.service import NameServer
 from trimq.client.config import ProducerConfig
 from trimq.client.producer import Producer
+from trimq.namesrv.service import NameServer
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from trimq.protocol.message import Message

@@ -19,8 +19,9 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 import trimq.broker.metrics as broker_metrics
-import trimq.broker.namesrv.metrics as namesrv_metrics
-from trimq.broker.namesrv.service import NamesrvConfig, open_namesrv
+import trimq.namesrv.metrics as namesrv_metrics
+from trimq.namesrv.config import NamesrvConfig
+from trimq.namesrv.service import open_namesrv
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.client import RemotingClient

@@ -161,7 +161,7 @@ def test_bad_tls_settings_are_config_errors(tmp_path: Path, pki: Pki) -> None:
 
 
 def test_daemons_listen_on_loopback_by_default() -> None:
-    from trimq.broker.namesrv.service import NamesrvConfig
+    from trimq.namesrv.config import NamesrvConfig
 
     for listen in (BrokerConfig().listen, NamesrvConfig().listen):
         host, _ = parse_address(listen)
@@ -214,8 +214,9 @@ def test_client_config_rejects_half_configured_security() -> None:
 
 
 async def test_broker_registers_with_a_tls_name_server_and_clients_route_over_tls(tmp_path: Path, pki: Pki) -> None:
-    from trimq.broker.namesrv.service import NamesrvConfig, open_namesrv
     from trimq.client import ClientConfig, ClientInstance
+    from trimq.namesrv.config import NamesrvConfig
+    from trimq.namesrv.service import open_namesrv
 
     ns_cfg = NamesrvConfig(listen="127.0.0.1:0", tls_cert_file=pki.cert, tls_key_file=pki.key)
     async with open_namesrv(config=ns_cfg) as ns:

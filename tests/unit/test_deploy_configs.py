@@ -32,9 +32,9 @@ if str(ROOT) not in sys.path:  # run as a script: python tests/unit/test_deploy_
     sys.path.insert(0, str(ROOT))
 
 from trimq.broker.config import BrokerConfig  # noqa: E402
-from trimq.broker.namesrv.service import NamesrvConfig  # noqa: E402
 from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig, load_client_settings  # noqa: E402
 from trimq.client.config import ConfigError as ClientConfigError  # noqa: E402
+from trimq.namesrv.config import NamesrvConfig  # noqa: E402
 from trimq.runtime.settings import CONFIG_SECTIONS, ConfigError, load_settings  # noqa: E402
 
 DEPLOY = ROOT / "deploy"
@@ -274,7 +274,7 @@ def render_configuration_md() -> str:
         "",
         "## trimq-namesrv",
         "",
-        "`NamesrvConfig` (broker/namesrv/service.py): the `[namesrv]` table, `TRIMQ_NAMESRV_*` variables.",
+        "`NamesrvConfig` (namesrv/config.py): the `[namesrv]` table, `TRIMQ_NAMESRV_*` variables.",
         "",
         *_table(NamesrvConfig, "TRIMQ_NAMESRV_", flags.get("namesrv", {})),
         "",
@@ -552,7 +552,7 @@ def metric_labels() -> dict[str, set[str]]:
     The broker's and name server's come from their METRICS tables (which docs/OPERATIONS.md repeats), the
     push consumer's from a live registry; Prometheus's own ``up`` is added (every scrape target has it)."""
     from trimq.broker import metrics as broker_metrics
-    from trimq.broker.namesrv import metrics as namesrv_metrics
+    from trimq.namesrv import metrics as namesrv_metrics
 
     out: dict[str, set[str]] = {"up": set()}
     for table in (broker_metrics.METRICS, namesrv_metrics.METRICS):

@@ -23,7 +23,7 @@ import click
 import pytest
 
 from trimq.broker.config import BrokerConfig
-from trimq.broker.namesrv.service import NamesrvConfig
+from trimq.namesrv.config import NamesrvConfig
 from trimq.runtime.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]

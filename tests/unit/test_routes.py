@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trimq.broker.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
+from trimq.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
 
 
 def topics(*names: str, queues: int = 4, perm: int = 6) -> dict[str, dict[str, int]]:

@@ -16,12 +16,13 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from trimq.namesrv.routes import RouteInfoManager
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.runtime.metrics_http import serve_metrics
 from trimq.runtime.rpc_metrics import RpcMetrics
 
 if TYPE_CHECKING:
-    from trimq.broker.namesrv.service import NameServer
+    from trimq.runtime.server import RemotingServer
 
 log = get_logger("trimq.metrics")
 
@@ -50,9 +51,11 @@ def _doc(name: str) -> str:
 class NamesrvCollector:
     """Route-table gauges, read at scrape time on the trio thread (liveness uses the trio clock)."""
 
-    def __init__(self, ns: NameServer, *, include_server: bool = True) -> None:
-        self.ns = ns
-        self.include_server = include_server
+    def __init__(self, routes: RouteInfoManager, server: RemotingServer | None = None) -> None:
+        """``server``: also export its connection counters (a standalone name server; a broker embedding one
+        exports its own)."""
+        self.routes = routes
+        self.server = server
         self._errors = RateLimiter(60_000)
 
     def describe(self) -> list[Metric]:
@@ -66,7 +69,7 @@ class NamesrvCollector:
                              "metrics.collect_failed", part="namesrv", error=f"{type(exc).__name__}: {exc}")
 
     def _collect(self) -> Iterator[Metric]:
-        routes = self.ns.routes
+        routes = self.routes
         try:
             now_ms = int(trio.current_time() * 1000)
         except RuntimeError:  # scraped outside trio (a test rendering the registry): no ages
@@ -90,8 +93,8 @@ class NamesrvCollector:
         clusters = GaugeMetricFamily("trimq_namesrv_clusters", _doc("trimq_namesrv_clusters"))
         clusters.add_metric([], sum(1 for names in routes.cluster_addr_table.values() if names))
         yield clusters
-        if self.include_server:
-            server = self.ns.server
+        server = self.server
+        if server is not None:
             conns = GaugeMetricFamily("trimq_connections", _doc("trimq_connections"))
             conns.add_metric([], len(server.connections))
             yield conns
@@ -106,15 +109,15 @@ class NamesrvCollector:
 class NamesrvMetrics:
     """A standalone name server's registry (request latency, route tables, process) and its endpoint."""
 
-    def __init__(self, ns: NameServer, host: str, port: int, registry: CollectorRegistry | None = None) -> None:
-        self.ns = ns
+    def __init__(self, routes: RouteInfoManager, server: RemotingServer, host: str, port: int,
+                 registry: CollectorRegistry | None = None) -> None:
         self.host = host
         self.port = port
         self.address: tuple[str, int] | None = None
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        self.rpc = RpcMetrics(self.registry, ns.server)
-        self.server = ns.server
-        self.registry.register(NamesrvCollector(ns))
+        self.rpc = RpcMetrics(self.registry, server)
+        self.server = server
+        self.registry.register(NamesrvCollector(routes, server))
         ProcessCollector(registry=self.registry)
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:

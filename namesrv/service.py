@@ -11,62 +11,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from trimq.broker.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
+from trimq.namesrv.config import NamesrvConfig
+from trimq.namesrv.metrics import NamesrvMetrics
+from trimq.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS, RouteInfoManager
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.errors import RequestError
-from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
 from trimq.runtime.daemon import open_listeners, run_services
 from trimq.runtime.logs import get_logger
 from trimq.runtime.server import Connection, RemotingServer
-from trimq.runtime.settings import setting, validate_dataclass
 from trimq.runtime.tls import server_ssl_context
 
 log = get_logger("trimq.namesrv")
 
-__all__ = ["NameServer", "NamesrvConfig", "NamesrvService", "open_namesrv"]
-
-
-@dataclass
-class NamesrvConfig:
-    """Settings of a standalone name server (``[namesrv]`` section of a TOML file, ``TRIMQ_*`` env)."""
-
-    listen: str = setting("127.0.0.1:9876", "HOST:PORT to listen on; port 0 picks a free port")
-    broker_channel_expired_ms: int = setting(BROKER_CHANNEL_EXPIRED_MS, "drop a broker silent this long",
-                                             min=1_000, max=3_600_000)
-    scan_not_active_broker_interval_ms: int = setting(10_000, "how often silent brokers are looked for",
-                                                      min=100, max=600_000)
-    max_frame_bytes: int = setting(DEFAULT_MAX_FRAME_BYTES, "largest frame accepted, bytes", min=1024,
-                                   max=2**31 - 1)
-    max_connections: int = setting(10_000, "concurrent connections", min=1, max=1_000_000)
-    shutdown_grace_ms: int = setting(2_000, "on SIGTERM, how long in-flight requests may finish", min=0,
-                                     max=600_000)
-    metrics_port: int = setting(0, "Prometheus metrics HTTP port; 0 = off", min=0, max=65535)
-    metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
-    tls_cert_file: str = setting("", "PEM certificate the name server presents; set = peers must use TLS")
-    tls_key_file: str = setting("", "PEM private key of tls_cert_file (empty: the key is in that file)")
-    tls_ca_file: str = setting("", "PEM CA bundle verifying client certificates (with tls_require_client_cert)")
-    tls_require_client_cert: bool = setting(False, "mutual TLS: refuse peers without a certificate from tls_ca_file")
-
-    def validate(self) -> NamesrvConfig:
-        validate_dataclass(self)
-        if self.tls_key_file and not self.tls_cert_file:
-            from trimq.runtime.settings import ConfigError
-
-            raise ConfigError(f"tls_key_file = {self.tls_key_file!r}: needs tls_cert_file too")
-        try:
-            parse_address(self.listen)
-        except ValueError as exc:
-            from trimq.runtime.settings import ConfigError
-
-            raise ConfigError(f"listen = {self.listen!r}: {exc}") from None
-        return self
+__all__ = ["NameServer", "NamesrvService", "open_namesrv", "serve_namesrv"]
 
 
 def _now_ms() -> int:
@@ -81,7 +44,7 @@ class NameServer:
         self.server = server
         self.routes = RouteInfoManager(expire_ms)
         self.scan_interval_ms = scan_interval_ms
-        self.metrics: Any = None  # broker.namesrv.metrics.NamesrvMetrics (standalone, metrics_port set)
+        self.metrics: NamesrvMetrics | None = None  # a standalone name server with metrics_port set
         reg = server.register
         reg(RequestCode.REGISTER_BROKER, self.register_broker)
         reg(RequestCode.UNREGISTER_BROKER, self.unregister_broker)
@@ -242,9 +205,7 @@ async def serve_namesrv(config: NamesrvConfig, *,
     ns = NameServer(server, expire_ms=config.broker_channel_expired_ms,
                     scan_interval_ms=config.scan_not_active_broker_interval_ms)
     if config.metrics_port:
-        from trimq.broker.namesrv.metrics import NamesrvMetrics
-
-        ns.metrics = NamesrvMetrics(ns, config.metrics_host, config.metrics_port)
+        ns.metrics = NamesrvMetrics(ns.routes, server, config.metrics_host, config.metrics_port)
     ssl_context = None
     if config.tls_cert_file:
         ssl_context = server_ssl_context(config.tls_cert_file, config.tls_key_file or None, config.tls_ca_file or None,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trimq.client.offset_store import LocalFileOffsetStore, RemoteBrokerOffsetStore
 from trimq.protocol.codes import RequestCode, ResponseCode
@@ -39,10 +39,24 @@ from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.logs import get_logger
 
 if TYPE_CHECKING:
+    from trimq.client.consumer_core import ConsumerCore
     from trimq.client.instance import ClientInstance
-    from trimq.client.push_consumer import PushConsumer
 
 log = get_logger("trimq.admin_handlers")
+
+
+class PushConsumer(Protocol):
+    """What these handlers use of a push consumer (client.push_consumer.PushConsumer is one; a Protocol, so
+    that this module, which push_consumer registers, does not import it back)."""
+
+    core: ConsumerCore | None
+    instance: ClientInstance | None
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def group_name(self) -> str: ...
 
 __all__ = ["apply_reset_offset", "parse_reset_body", "register_admin_handlers", "resync_queue", "watch_stale_resets"]
 

@@ -47,7 +47,6 @@ from typing import Any, Protocol
 import trio
 
 from trimq.client.api import LockBatchAnswer, MQClientAPI
-from trimq.client.config import PushConsumerConfig
 from trimq.client.errors import MQBrokerError, MQClientError, OffsetUnavailableError
 from trimq.client.offset_store import READ_FROM_STORE, OffsetStore
 from trimq.client.process_queue import ProcessQueue
@@ -77,6 +76,26 @@ class PullRequest:
     next_offset: int
     locked_first: bool = False
     """Orderly: whether the first pull after the lock re-read the stored offset."""
+
+
+class RebalanceSettings(Protocol):
+    """The push consumer settings a rebalance reads (a PushConsumerConfig is one). A Protocol rather than the
+    config class itself, so that client.rebalance does not import client.config, which validates strategy
+    names against client.rebalance.strategies (no import cycle)."""
+
+    message_model: str
+    consume_from_where: str
+    consume_lock_wait_millis: int
+    unlock_delay_time_mills: int
+    rebalance_lock_max_live_time: int
+    pull_max_idle_time: int
+    pull_threshold_for_queue: int
+    pull_threshold_size_for_queue: int
+    pull_threshold_for_topic: int
+    pull_threshold_size_for_topic: int
+
+    @property
+    def consume_timestamp_ms(self) -> int: ...
 
 
 class RebalanceClient(Protocol):
@@ -118,7 +137,7 @@ class RebalanceImpl:
         self,
         *,
         consumer_group: str,
-        config: PushConsumerConfig,
+        config: RebalanceSettings,
         strategy: AllocateStrategy,
         client: RebalanceClient,
         offset_store: OffsetStore,

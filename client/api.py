@@ -1,13 +1,13 @@
 """Typed calls to brokers and name servers: one method per request code of docs/PROTOCOL.md §4.
 
-``MQClientAPI(remoting)`` wraps a :class:`client.remoting.RemotingClient`. Each method builds the
+``MQClientAPI(remoting)`` wraps a :class:`runtime.client.RemotingClient`. Each method builds the
 request's ``ext``/``body`` exactly as the protocol table says, sends it to ``addr``, and returns a small
 typed result, or raises:
 
 * :class:`client.errors.MQBrokerError` (or a subclass such as TopicNotExistError, OffsetNotFoundError,
   NoPermissionError) when the peer answered with an error code — ``code`` and ``remark`` are kept;
 * :class:`client.errors.MQClientError` when the response is malformed;
-* :class:`client.remoting.RemotingError` subclasses for transport failures (connect, timeout).
+* :class:`runtime.client.RemotingError` subclasses for transport failures (connect, timeout).
 
 Pull responses are decoded here: records via ``protocol.record.iter_records``, exact tag filtering
 against the subscription's tags, and RocketMQ's MIN_OFFSET / MAX_OFFSET properties on each message.

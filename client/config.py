@@ -289,7 +289,7 @@ def load_client_settings(
 ) -> Any:
     """Build a client config from defaults < TOML file (optionally one ``[section]``) < ``TRIMQ_*``
     environment < ``overrides`` (command-line flags; None values are ignored), validated; the same rules as
-    the daemons' (protocol.settings.build_settings)."""
+    the daemons' (runtime.settings.build_settings)."""
     data = None
     if config_file:
         try:

@@ -1,7 +1,7 @@
 """ClientInstance: the per-process client (RocketMQ's MQClientInstance).
 
 One instance serves every producer and consumer of a process that talks to the same name servers:
-it owns the connections (:class:`client.remoting.RemotingClient`), the topic routes and broker
+it owns the connections (:class:`runtime.client.RemotingClient`), the topic routes and broker
 addresses, and the timers, all as tasks in one nursery::
 
     async with ClientInstance(ClientConfig(namesrv_addr="127.0.0.1:9876")) as client:

@@ -1,9 +1,9 @@
 """Topic configs (RocketMQ's TopicConfigManager): ``config/topics.json``, written atomically.
 
-``broker.components["topic_config_manager"]``. Reads and updates are synchronous and in memory; the file
-is rewritten by a background task (in a worker thread) soon after a change, and at stop. An admin update
-(``acreate_or_update``) waits for the file. A topic created just before a crash and missing from the file
-is re-created at start from its consume-queue directories, so no stored message loses its topic.
+The broker's ``topic_config_manager`` (built in broker/broker.py). Reads and updates are synchronous and in
+memory; the file is rewritten by a background task (in a worker thread) soon after a change, and at stop. An
+admin update (``acreate_or_update``) waits for the file. A topic created just before a crash and missing from
+the file is re-created at start from its consume-queue directories, so no stored message loses its topic.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ as subprocesses through the real CLIs.
   127.0.0.1:0 in its own directory under ``tmp_path`` with small segments (64 KiB commit-log segments,
   64-unit consume-queue files); pass ``store_dir=`` to reopen a store, any BrokerConfig field to override.
 * ``namesrv_factory``: ``async with namesrv_factory() as ns`` runs a standalone name server (``ns.address``).
-* ``rclient``: a ``client.remoting.RemotingClient`` open for the test.
+* ``rclient``: a ``runtime.client.RemotingClient`` open for the test.
 * ``daemons``: ``await daemons.broker(store, "--flush", "sync", env={...})`` and ``await daemons.namesrv()``
   start ``trimq-broker`` / ``trimq-namesrv`` from ``.venv/bin`` and wait until they serve (the broker's
   ``STORE/broker.addr``, the name server's "namesrv.started" log line). Every process still running at the

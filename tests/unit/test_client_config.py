@@ -167,7 +167,7 @@ def test_load_client_settings_precedence(tmp_path, monkeypatch: pytest.MonkeyPat
 
 
 def test_client_loader_has_the_daemons_rules(tmp_path: Any, monkeypatch: Any) -> None:
-    """One settings machinery for daemons and clients (protocol/settings.py): a file with only other programs'
+    """One settings machinery for daemons and clients (runtime/settings.py): a file with only other programs'
     tables is refused instead of silently giving defaults, and errors say where a value came from."""
     from trimq.client.config import ConfigError, PushConsumerConfig, load_client_settings
 

@@ -8,8 +8,8 @@
    producer, two orderly consumers) on Redis Streams and on trimq, ``live`` and ``backlog``, ``--runs`` runs
    each (medians quoted), via ``bench.peer_bench``; plus a throughput-tuned trimq consumer row
    (``pull_interval`` 20 ms) unless ``--no-variants``.
-3. Graceful takeover and SIGKILL failover of an orderly consumer (``bench.takeover``; the SIGKILL case
-   waits out the broker's lock expiry, up to ~80 s).
+3. Takeover of an orderly consumer's queues (``bench.takeover``): graceful, SIGKILL, SIGSTOP for 10 s, a
+   10 s network partition, a broker restart; and the broker's cost of lease renewals (1000 clients x 8 queues).
 4. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
    (``bench.audit_reference``) on a generated store of ``--spark-messages`` messages (default 10M, about
    4.3 GB of disk and several minutes; ``--no-spark`` skips it).
@@ -177,21 +177,29 @@ def report(results: Path, meta: dict[str, Any]) -> str:
     if assign:
         add(f"trimq consumer assignments seen (consumer -> queues, by rebalance): {', '.join(assign)}.")
     add("")
-    tk = [load(results, f"takeover-{s}.json") for s in ("graceful", "sigkill")]
+    tk = [load(results, f"takeover-{s}.json") for s in TAKEOVER_SCENARIOS]
     if any(tk):
-        add("### Takeover of an orderly consumer's queues (2 consumers, paced producer)")
+        add("### Takeover of an orderly consumer's queues (2 consumers, paced producer, 2 s leases)")
         add("")
-        add("| scenario | queues moved | takeover (T0 -> survivor's first message) | queue stood still | "
-            "victim's leave | sent | lost | duplicates (replays) | order violations |")
+        add("| scenario | queues | takeover median / max (broker-restart: from listening) | target | lost | "
+            "replays | order violations | started after lease | stale commits refused |")
         add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for t in tk:
             if not t:
                 continue
-            gaps = [v["gap_s"] for v in t.get("per_queue", {}).values() if v.get("gap_s") is not None]
-            add(f"| {t['scenario']} | {len(t.get('victim_queues', []))} | "
-                f"{t.get('takeover_s_min')}-{t.get('takeover_s_max')} s | "
-                f"{(max(gaps) if gaps else '-')} s | {t.get('victim_leave_s', '-')} s | {t.get('sent')} | "
-                f"{t.get('lost')} | {t.get('duplicates')} | {t.get('order_violations')} |")
+            extra = f" (recovery {t.get('broker_recovery_s')} s)" if t["scenario"] == "broker-restart" else ""
+            add(f"| {t['scenario']} | {len(t.get('per_queue', {}))} | "
+                f"{t.get('takeover_s_median')} / {t.get('takeover_s_max')} s{extra} | "
+                f"{t.get('target_s')} s {'met' if t.get('target_met') else 'NOT met'} | {t.get('lost')} | "
+                f"{t.get('replays')} | {t.get('order_violations')} | {t.get('started_after_lease')} | "
+                f"{t.get('stale_commits_refused')} |")
+        add("")
+    cost = load(results, "takeover-cost.json")
+    if cost:
+        add(f"Lease renewals: {cost.get('clients')} client ids x {cost.get('queues_per_client')} queues over "
+            f"{cost.get('connections')} connections: {cost.get('renewals_per_s')} renewals/s cost the broker "
+            f"{cost.get('broker_cpu_s_per_s')} CPU-s/s (idle {cost.get('idle_broker_cpu_s_per_s')}), "
+            f"{cost.get('broker_cpu_us_per_renewal')} µs per renewal; renewal p99 {cost.get('p99_ms')} ms.")
         add("")
     st = load(results, "storage.json")
     if st:
@@ -222,6 +230,10 @@ def ratios_text(results: Path) -> str:
             parts.append(f"CPU/msg {tc / rc:.2f}")
         out.append(f"trimq/redis {mode}: " + ", ".join(parts))
     return "\n".join(out)
+
+
+#: bench.takeover's scenarios, in report order (plus ``cost``, the lease renewals' price).
+TAKEOVER_SCENARIOS = ("graceful", "sigkill", "sigstop", "partition", "broker-restart")
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -280,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        "live", "--trimq-pull-interval", "20", "--tag", "pull20",
                                                        *common_flags))
     if not args.no_takeover:
-        for scenario in ("graceful", "sigkill"):
+        for scenario in (*TAKEOVER_SCENARIOS, "cost"):
             if run_step(f"takeover {scenario}", py("bench.takeover", "--scenario", scenario, "--results",
                                                    str(results)), timeout=400) != 0:
                 rc = 1

@@ -32,9 +32,10 @@ from trimq.broker.processors.register import RegisterService, advertised_host
 from trimq.broker.processors.retry import RetryService
 from trimq.broker.processors.send import SendService
 from trimq.broker.processors.subscription_group import SubscriptionGroupService
-from trimq.broker.store.message_store import RECLAIM_SETTINGS, MessageStore, StoreConfig
+from trimq.broker.store.message_store import MessageStore
 from trimq.broker.store.offsets import ConsumerOffsetManager, offset_file_path
 from trimq.broker.store.schedule import ScheduleMessageService
+from trimq.broker.store.store_base import RECLAIM_SETTINGS, StoreConfig
 from trimq.broker.store.subscription_groups import SubscriptionGroupManager
 from trimq.broker.store.topics import TopicConfigManager
 from trimq.namesrv.metrics import NamesrvCollector

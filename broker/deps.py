@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from trimq.broker.store.message_store import ArrivalListener, GetMessageResult, PutResult
 from trimq.broker.store.offsets import QueueProgress
+from trimq.broker.store.store_base import ArrivalListener, GetMessageResult, PutResult
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.message import MessageExt

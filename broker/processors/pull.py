@@ -38,7 +38,7 @@ from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import ConsumerOffsets, QueueReader, RequestServer, Topics
 from trimq.broker.long_polling import LongPolling
 from trimq.broker.store.consume_queue import tags_string_to_tags_code
-from trimq.broker.store.message_store import GetMessageResult, GetMessageStatus
+from trimq.broker.store.store_base import GetMessageResult, GetMessageStatus
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.errors import RequestError

@@ -38,8 +38,8 @@ from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import DeadLetterStore, HandlerRegistry, SubscriptionGroups, Topics
 from trimq.broker.store.atomic import read_json, write_json_atomic
 from trimq.broker.store.index_dispatch import QueryMessageResult
-from trimq.broker.store.message_store import get_property
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
+from trimq.broker.store.store_base import get_property
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand

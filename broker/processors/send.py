@@ -17,7 +17,7 @@ from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import HandlerRegistry, MessageWriter, SubscriptionGroups, Topics
 from trimq.broker.processors.retry import handle_retry_and_dlq
 from trimq.broker.services import HandlerService
-from trimq.broker.store.message_store import PutMessageStatus, PutResult
+from trimq.broker.store.store_base import PutMessageStatus, PutResult
 from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode

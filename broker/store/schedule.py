@@ -51,6 +51,7 @@ import trio
 from trimq.broker.store.atomic import read_json, write_json_atomic
 from trimq.broker.store.consume_queue import UNIT
 from trimq.broker.store.delay_levels import DEFAULT, DelayLevelTable
+from trimq.broker.store.store_base import PutMessageStatus, PutResult
 from trimq.protocol.message import MessageConst, MessageExt
 from trimq.protocol.record import SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK
 from trimq.protocol.validation import SCHEDULE_TOPIC
@@ -346,8 +347,6 @@ class ScheduleMessageService:
         try:
             r = self.redirect(req.topic, req.queue_id, req.property_map(), sys_flag=req.sys_flag)
         except ValueError as exc:
-            from trimq.broker.store.message_store import PutMessageStatus, PutResult
-
             return PutResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=str(exc))
         if r is not None:
             req.topic = r.topic

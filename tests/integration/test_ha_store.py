@@ -14,7 +14,8 @@ import trio
 from trimq.broker.store.ha.history import HAState
 from trimq.broker.store.ha.master import HAService
 from trimq.broker.store.ha.slave import HAClient
-from trimq.broker.store.message_store import GetMessageStatus, MessageStore, PutMessageStatus, StoreConfig
+from trimq.broker.store.message_store import MessageStore
+from trimq.broker.store.store_base import GetMessageStatus, PutMessageStatus, StoreConfig
 
 SEGMENT = 4096  # tiny segments: every test rolls over several times
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import trio
 
-from trimq.broker.store.message_store import MessageStore, PutResult, StoreConfig
+from trimq.broker.store.message_store import MessageStore
+from trimq.broker.store.store_base import PutResult, StoreConfig
 
 SEG = 4096
 HOST = ("10.0.0.1", 10911)

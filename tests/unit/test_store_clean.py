@@ -17,7 +17,8 @@ import trio.testing
 
 from trimq.broker.store.clean import DELETE_FILES_BATCH_MAX, disk_partition_space_used_ratio, is_it_time_to_do
 from trimq.broker.store.commitlog import file_name
-from trimq.broker.store.message_store import GetMessageStatus, MessageStore, PutMessageStatus, StoreConfig
+from trimq.broker.store.message_store import MessageStore
+from trimq.broker.store.store_base import GetMessageStatus, PutMessageStatus, StoreConfig
 from trimq.protocol.record import iter_records
 
 SEG = 4096

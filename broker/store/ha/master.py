@@ -33,7 +33,7 @@ from trimq.broker.store.ha.codec import (
     encode_transfer_header,
 )
 from trimq.broker.store.ha.history import HAState, truncation_point
-from trimq.broker.store.message_store import PutMessageStatus
+from trimq.broker.store.store_base import PutMessageStatus
 from trimq.runtime.logs import get_logger
 
 if TYPE_CHECKING:

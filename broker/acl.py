@@ -433,6 +433,11 @@ RULES: dict[int, _Rule] = {
     RequestCode.RESEND_DLQ_MESSAGES: _ADMIN,
     RequestCode.SKIP_MESSAGE: _ADMIN,
     RequestCode.GET_SUBSCRIPTION_CONSISTENCY: _ADMIN,
+    # Deletions (issue 19): RocketMQ's ADMIN_CODE has the broker's two; the name server's too when it is
+    # embedded in a broker with an ACL.
+    RequestCode.DELETE_TOPIC_IN_BROKER: _ADMIN,
+    RequestCode.DELETE_SUBSCRIPTIONGROUP: _ADMIN,
+    RequestCode.DELETE_TOPIC_IN_NAMESRV: _ADMIN,
 }
 
 

@@ -23,6 +23,7 @@ from trimq.broker.locks import RebalanceLockManager
 from trimq.broker.long_polling import LongPolling
 from trimq.broker.metrics import BrokerCollector, BrokerMetrics
 from trimq.broker.processors.admin_forward import AdminForwardService
+from trimq.broker.processors.admin_groups import AdminGroupsService
 from trimq.broker.processors.admin_topic import AdminTopicService
 from trimq.broker.processors.basic import BasicService
 from trimq.broker.processors.consumer import CoordinationService, broker_now_ms, wall_ms
@@ -130,6 +131,9 @@ class Broker:
             registry=server, broker_name=config.broker_name, store=self.store, topics=topics,
             offsets=self.offset_manager, offset_persister=self.coordination_service,
             consumers=self.consumer_manager, locks=self.lock_manager)
+        self.admin_groups_service = AdminGroupsService(
+            registry=server, store=self.store, topics=topics, groups=groups, offsets=self.offset_manager,
+            offset_persister=self.coordination_service)
 
         #: Start order; stopped in reverse. The store first, topics before anything that creates topics.
         self.services: list[Service] = [
@@ -137,7 +141,7 @@ class Broker:
             self.query_message_service,
             *([self.namesrv_service] if self.namesrv_service is not None else []), self.register_service,
             self.coordination_service, groups, self.subscription_group_service, self.schedule_message_service,
-            self.retry_service, self.admin_forward_service,
+            self.retry_service, self.admin_forward_service, self.admin_groups_service,
         ]
         self.metrics: BrokerMetrics | None = None
         if config.metrics_port:  # installs its hooks before anything is served

@@ -38,6 +38,9 @@ from trimq.client.admin_results import (
     ClusterList,
     ConsumerConnection,
     ConsumerConnections,
+    ConsumerDeleteResult,
+    ConsumerGroupEntry,
+    ConsumerGroupList,
     ConsumerLocks,
     ConsumerProgress,
     ConsumerRunningInfo,
@@ -58,6 +61,7 @@ from trimq.client.admin_results import (
     StoredMessage,
     TopicBrokerConfig,
     TopicCreateResult,
+    TopicDeleteResult,
     TopicEntry,
     TopicList,
     TopicStatus,
@@ -82,6 +86,9 @@ FORWARD_EXTRA_MS = 6_000
 SKIP_TIMEOUT_MS = 20_000
 RESET_TIMEOUT_MS = 30_000
 ROUTE_WAIT_S = 5.0
+GET_ALL_CONSUMER_OFFSET = 43
+"""RocketMQ's RequestCode.GET_ALL_CONSUMER_OFFSET: a broker's whole offset table (``consumer list`` finds the
+groups that stored offsets without a config there, when the broker serves it)."""
 DLQ_PAGE = 256
 PERM_READ_WRITE = 6
 
@@ -301,7 +308,103 @@ class Admin:
             raise AdminError(f"no broker of topic {topic} answered: {errors[0].error}")
         return TopicStatus(topic, rows, sum(q.messages for q in rows), errors)
 
+    async def topic_delete(self, topic: str, cluster: str | None = None) -> TopicDeleteResult:
+        """RocketMQ's mqadmin deleteTopic: DELETE_TOPIC_IN_BROKER on every master broker (of ``cluster``, or
+        all), then DELETE_TOPIC_IN_NAMESRV on every name server. The brokers forget the topic's config, its
+        consume queues and the offsets stored for it; its messages stay in the commit log until they expire.
+        PartialFailure when a broker or name server refused."""
+        known = await self.brokers(masters_only=True)
+        if cluster is not None:
+            names = ((await self.cluster_info_raw()).get("clusterAddrTable") or {}).get(cluster)
+            if not names:
+                raise AdminError(f"the name server knows no cluster {cluster}")
+            known = {n: a for n, a in known.items() if n in names}
+        results = await _each(known, lambda _n, a: self.api.invoke(
+            a, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}, timeout_ms=self.timeout_ms))
+        errors = _failures(results)
+        deleted = [BrokerAddress(n, a) for n, a in known.items() if not isinstance(results.get(n), Exception)]
+        namesrvs = await _each({a: a for a in self.namesrv_addrs}, lambda a, _: self.api.invoke(
+            a, RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": topic}, timeout_ms=self.timeout_ms))
+        errors += [BrokerFailure(f"name server {a}", str(r)) for a, r in namesrvs.items() if isinstance(r, Exception)]
+        result = TopicDeleteResult(topic, deleted, [a for a, r in namesrvs.items() if not isinstance(r, Exception)],
+                                   errors)
+        if errors:
+            raise PartialFailure(f"topic {topic} was not deleted everywhere: " +
+                                 "; ".join(f"{e.broker_name}: {e.error}" for e in errors), result)
+        return result
+
     # ------------------------------------------------------------------ consumer groups
+
+    async def consumer_list(self) -> ConsumerGroupList:
+        """Every consumer group the brokers know (GET_ALL_SUBSCRIPTIONGROUP_CONFIG, and GET_ALL_CONSUMER_OFFSET for
+        groups that only stored offsets), each with its live members
+        (GET_CONSUMER_CONNECTION_LIST on every broker), how it consumes and its total lag (GET_CONSUME_STATS),
+        as kafka-consumer-groups --list --describe / mqadmin consumerProgress show them."""
+        brokers = await self.brokers()
+        tables = await _each(brokers, lambda _n, a: self.api.admin_query(
+            a, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, timeout_ms=self.timeout_ms))
+        offsets = await _each(brokers, lambda _n, a: self.api.admin_query(
+            a, GET_ALL_CONSUMER_OFFSET, timeout_ms=self.timeout_ms))  # best effort: brokers may not serve it
+        errors = _failures(tables)
+        names = sorted({str(g) for body in tables.values() if isinstance(body, dict)
+                        for g in (body.get("subscriptionGroupTable") or {})}
+                       # groups that stored offsets without a config (RocketMQ's "topic@group" keys)
+                       | {str(k).partition("@")[2] for body in offsets.values() if isinstance(body, dict)
+                          for k in (body.get("offsetTable") or {}) if "@" in str(k)})
+
+        async def describe(group: str, _: str) -> ConsumerGroupEntry:
+            conns = await _each(brokers, lambda _n, a: self.api.get_consumer_connection_list(
+                a, group, timeout_ms=self.timeout_ms))
+            stats = await _each(brokers, lambda _n, a: self.api.get_consume_stats(a, group,
+                                                                                  timeout_ms=self.timeout_ms))
+            members: set[str] = set()
+            mode = model = ctype = None
+            for body in conns.values():
+                if isinstance(body, dict):
+                    members |= {str(c.get("clientId")) for c in body.get("connectionSet") or [] if c.get("clientId")}
+                    mode = "orderly" if body.get("consumeOrderly") else "concurrently"
+                    model, ctype = body.get("messageModel"), body.get("consumeType")
+            lag = 0
+            on = []
+            for name, body in stats.items():
+                if isinstance(body, dict):
+                    lag += _int(body.get("totalLag"))
+                    if body.get("offsetTable"):
+                        on.append(name)
+                    if mode is None and body.get("offsetTable"):
+                        mode = "orderly" if body.get("orderly") else None
+            on = sorted(set(on) | {n for n, b in conns.items() if isinstance(b, dict)})
+            return ConsumerGroupEntry(group, len(members), mode, model, ctype, lag, on)
+
+        described = await _each({g: g for g in names}, describe)
+        groups = [e for e in described.values() if isinstance(e, ConsumerGroupEntry)]
+        errors += [BrokerFailure(f"group {g}", str(e)) for g, e in described.items() if isinstance(e, Exception)]
+        return ConsumerGroupList(groups, errors)
+
+    async def consumer_delete(self, group: str, *, force: bool = False,
+                              keep_offsets: bool = False) -> ConsumerDeleteResult:
+        """RocketMQ's mqadmin deleteSubGroup on every master broker: the group's config goes, and (unless
+        ``keep_offsets``) its stored offsets. Refused (AdminError) while the group has live members, unless
+        ``force``: they would keep consuming with the defaults and write their offsets back. PartialFailure
+        when a broker refused."""
+        brokers = await self.brokers(masters_only=True)
+        conns = await _each(brokers, lambda _n, a: self.api.get_consumer_connection_list(
+            a, group, timeout_ms=self.timeout_ms))
+        members = sorted({str(c.get("clientId")) for b in conns.values() if isinstance(b, dict)
+                          for c in b.get("connectionSet") or [] if c.get("clientId")})
+        if members and not force:
+            raise AdminError(f"consumer group {group} has {len(members)} live member(s) ({', '.join(members)}): stop "
+                             f"them first, or delete anyway with force (--force)")
+        ext = {"groupName": group, "removeOffset": not keep_offsets}
+        results = await _each(brokers, lambda _n, a: self.api.invoke(
+            a, RequestCode.DELETE_SUBSCRIPTIONGROUP, ext, timeout_ms=self.timeout_ms))
+        errors = _failures(results)
+        result = ConsumerDeleteResult(group, [n for n in brokers if not isinstance(results.get(n), Exception)],
+                                      not keep_offsets, members, errors)
+        if errors:
+            raise PartialFailure(f"consumer group {group} was not deleted on " +
+                                 "; ".join(f"{e.broker_name}: {e.error}" for e in errors), result)
+        return result
 
     async def _group_broker(self, group: str) -> tuple[str, str, dict[str, Any]]:
         """(broker name, address, GET_CONSUMER_CONNECTION_LIST body) of the first broker the group is on."""
@@ -425,12 +528,17 @@ class Admin:
         locks.sort(key=lambda r: (r.topic or "", r.broker_name or "", r.queue_id or 0))
         return ConsumerLocks(group, locks, sum(b.fenced_updates for b in per_broker), per_broker, _failures(tables))
 
-    async def reset_offset(self, group: str, topic: str, timestamp: int, force: bool = True) -> ResetOffsetResult:
+    async def reset_offset(self, group: str, topic: str, timestamp: int, force: bool = True, *,
+                           dry_run: bool = False) -> ResetOffsetResult:
         """RocketMQ's resetOffsetByTime: the group's offsets of ``topic`` move to the first message stored at or
         after ``timestamp`` (epoch ms; with ``force`` False, only backwards). Safe with the group online: each
-        broker tells the live members. PartialFailure when a broker failed or a member did not confirm."""
+        broker tells the live members, and a commit made before the reset is refused (the reset generation,
+        docs/ADMIN.md). ``dry_run``: only the plan — each queue's current and new offset — nothing changed.
+        PartialFailure when a broker failed or a member did not confirm."""
         brokers = await self.route_brokers(topic)
         ext = {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force}
+        if dry_run:
+            ext["dryRun"] = True
         results = await _each(brokers, lambda _n, a: self.api.admin_query(
             a, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ext, timeout_ms=max(self.timeout_ms, RESET_TIMEOUT_MS)))
         rows: list[QueueReset] = []
@@ -446,7 +554,11 @@ class Admin:
                                            sum(1 for q in c.get("queues") or [] if q.get("held"))))
         rows.sort(key=lambda r: (r.broker_name, r.queue_id))
         errors = _failures(results)
-        result = ResetOffsetResult(group, topic, timestamp, force, bool(clients), rows, clients, errors)
+        online = bool(clients) or any(isinstance(b, dict) and b.get("online") for b in results.values())
+        generations = {n: _int(b.get("resetGeneration")) for n, b in results.items()
+                       if isinstance(b, dict) and b.get("resetGeneration") is not None}
+        result = ResetOffsetResult(group, topic, timestamp, force, online if dry_run else bool(clients), rows,
+                                   clients, errors, dry_run, generations)
         if errors:
             raise PartialFailure("offsets were not reset on " + "; ".join(
                 f"{e.broker_name}: {e.error}" for e in errors), result)

@@ -117,6 +117,9 @@ async def apply_reset_offset(consumer: PushConsumer, topic: str, offsets: dict[M
                      "held": pq is not None})
         if pq is None:
             continue
+        if (reset_generation is not None and isinstance(store, RemoteBrokerOffsetStore)
+                and (store.reset_generation(mq) or 0) >= reset_generation):
+            continue  # already read again under this reset (a refused commit made it resync): once is enough
         rebalance.remove_process_queue(mq, pq)
         # Emptying it also stops a batch still in the listener from committing: the orderly service commits
         # a dropped queue's batch (it relies on the rebalance's consume lock), but commit() of an emptied

@@ -28,6 +28,9 @@ __all__ = [
     "ClusterList",
     "ConsumerConnection",
     "ConsumerConnections",
+    "ConsumerDeleteResult",
+    "ConsumerGroupEntry",
+    "ConsumerGroupList",
     "ConsumerLocks",
     "ConsumerProgress",
     "ConsumerRunningInfo",
@@ -48,6 +51,7 @@ __all__ = [
     "StoredMessage",
     "TopicBrokerConfig",
     "TopicCreateResult",
+    "TopicDeleteResult",
     "TopicEntry",
     "TopicList",
     "TopicStatus",
@@ -384,7 +388,9 @@ class MemberReset:
 
 @dataclass(frozen=True)
 class ResetOffsetResult:
-    """RocketMQ's resetOffsetByTime of a group on one topic."""
+    """RocketMQ's resetOffsetByTime of a group on one topic. ``dry_run``: the plan only (each queue's current
+    and new offset), nothing was changed or told; ``reset_generations``: per broker, the reset generation the
+    reset started (docs/ADMIN.md)."""
 
     consumer_group: str
     topic: str
@@ -394,6 +400,8 @@ class ResetOffsetResult:
     queues: list[QueueReset]
     clients: list[MemberReset]
     errors: list[BrokerFailure] = field(default_factory=list)
+    dry_run: bool = False
+    reset_generations: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -553,5 +561,50 @@ class MessageQueryResult:
     topic: str | None
     unique_key: bool
     messages: list[StoredMessage]
+    errors: list[BrokerFailure] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TopicDeleteResult:
+    """A topic deleted on ``brokers`` (DELETE_TOPIC_IN_BROKER) and forgotten by ``namesrvs``
+    (DELETE_TOPIC_IN_NAMESRV), RocketMQ's mqadmin deleteTopic."""
+
+    topic: str
+    brokers: list[BrokerAddress]
+    namesrvs: list[str]
+    errors: list[BrokerFailure] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ConsumerGroupEntry:
+    """One consumer group of ``consumer list``: its live members (over every broker), how it consumes, its lag."""
+
+    consumer_group: str
+    members: int
+    consume_mode: str | None  # "orderly" / "concurrently" (None: offline and no stored offset says)
+    message_model: str | None
+    consume_type: str | None
+    total_lag: int
+    brokers: list[str]
+
+
+@dataclass(frozen=True)
+class ConsumerGroupList:
+    """Every consumer group the brokers know (their subscription-group configs), as kafka-consumer-groups
+    --list and mqadmin consumerProgress without a group show them."""
+
+    groups: list[ConsumerGroupEntry]
+    errors: list[BrokerFailure] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ConsumerDeleteResult:
+    """A group's config deleted on ``brokers`` (DELETE_SUBSCRIPTIONGROUP), its offsets with it unless kept;
+    ``members`` online when it was deleted (only with force)."""
+
+    consumer_group: str
+    brokers: list[str]
+    offsets_removed: bool
+    members: list[str]
     errors: list[BrokerFailure] = field(default_factory=list)
 

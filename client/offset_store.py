@@ -251,8 +251,9 @@ class RemoteBrokerOffsetStore(_MemoryOps):
                 group=self.consumer_group, mq=str(mq), offset=offset, reset_generation=generation,
                 current_generation=exc.reset_generation,
             )
-            if self.on_stale_reset is not None:
-                self.on_stale_reset(mq)
+            known = self._reset_generations.get(mq)
+            if self.on_stale_reset is not None and (known is None or known < exc.reset_generation):
+                self.on_stale_reset(mq)  # (not when the reset's notification got here meanwhile)
             return False
         except NoPermissionError as exc:
             self.fenced_updates += 1
@@ -318,12 +319,12 @@ class RemoteBrokerOffsetStore(_MemoryOps):
 
 
 def default_local_offset_dir(store_id: str, consumer_group: str, base_dir: str = "") -> Path:
-    """``<base>/<store_id>/<group>``; base defaults to ``$TRIMQ_LOCAL_OFFSET_STORE_DIR`` or ``~/.trimq_offsets``.
+    """``<base>/<store_id>/<group>``; base defaults to ``$TRIMQ_CLIENT_LOCAL_OFFSET_STORE_DIR`` or ``~/.trimq_offsets``.
 
     ``store_id`` should be stable across restarts (RocketMQ uses ``ip@instanceName``, with ``DEFAULT``
     for broadcasting consumers, so it does not change with the pid).
     """
-    base = base_dir or os.environ.get("TRIMQ_LOCAL_OFFSET_STORE_DIR") or str(Path.home() / ".trimq_offsets")
+    base = base_dir or os.environ.get("TRIMQ_CLIENT_LOCAL_OFFSET_STORE_DIR") or str(Path.home() / ".trimq_offsets")
     return Path(base) / store_id / consumer_group
 
 

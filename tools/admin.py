@@ -74,7 +74,7 @@ def _run(op: Callable[[Admin], Awaitable[R]], render: Callable[[dict[str, Any]],
 
     opts: CliOptions = click.get_current_context().find_object(CliOptions)  # type: ignore[assignment]
     if not opts.namesrv:
-        raise click.UsageError("no name server: pass --namesrv HOST:PORT (or set TRIMQ_NAMESRV_ADDR)")
+        raise click.UsageError("no name server: pass --namesrv HOST:PORT (or set TRIMQ_CLIENT_NAMESRV_ADDR)")
     if bool(opts.access_key) != bool(opts.secret_key):
         raise click.UsageError("--access-key and --secret-key go together")
     try:
@@ -119,13 +119,13 @@ def _run(op: Callable[[Admin], Awaitable[R]], render: Callable[[dict[str, Any]],
 
 @click.group(context_settings=CONTEXT)
 @version_option("trimq-admin")
-@click.option("--namesrv", envvar=["TRIMQ_NAMESRV_ADDR", "NAMESRV_ADDR"], metavar="HOST:PORT",
-              help="Name server address (several separated by ';'); env TRIMQ_NAMESRV_ADDR.")
+@click.option("--namesrv", envvar=["TRIMQ_CLIENT_NAMESRV_ADDR", "NAMESRV_ADDR"], metavar="HOST:PORT",
+              help="Name server address (several separated by ';'); env TRIMQ_CLIENT_NAMESRV_ADDR.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document for scripts instead of tables.")
 @click.option("--timeout-ms", type=click.IntRange(min=1, max=600_000), default=5000, show_default=True,
               help="Timeout of each request.")
-@click.option("--access-key", envvar="TRIMQ_ACCESS_KEY", help="ACL access key (brokers with --acl).")
-@click.option("--secret-key", envvar="TRIMQ_SECRET_KEY", help="ACL secret key.")
+@click.option("--access-key", envvar="TRIMQ_CLIENT_ACCESS_KEY", help="ACL access key (brokers with --acl).")
+@click.option("--secret-key", envvar="TRIMQ_CLIENT_SECRET_KEY", help="ACL secret key.")
 @click.option("--tls", is_flag=True, help="Connect with TLS (system CAs unless --tls-ca-file).")
 @click.option("--tls-ca-file", type=click.Path(dir_okay=False), help="CA file to verify TLS servers with.")
 @click.pass_context
@@ -138,6 +138,10 @@ def main(ctx: click.Context, namesrv: str | None, as_json: bool, timeout_ms: int
     from trimq.runtime.logs import configure_logging
 
     configure_logging("auto", os.environ.get("TRIMQ_ADMIN_LOG_LEVEL", "error"))
+    # a client like the others: TRIMQ_CLIENT_* variables, the retired unprefixed names refused as they do
+    for old in ("TRIMQ_NAMESRV_ADDR", "TRIMQ_ACCESS_KEY", "TRIMQ_SECRET_KEY"):
+        if old in os.environ:
+            raise click.UsageError(f"environment variable {old} is no longer read: use TRIMQ_CLIENT_{old[6:]}")
     ctx.obj = CliOptions(namesrv, as_json, timeout_ms, access_key, secret_key, tls, tls_ca_file)
     if as_json:
         ctx.default_map = {"allocate": {"as_json": True}}  # the group's --json also applies to allocate
@@ -164,7 +168,7 @@ _BROKER = click.option("-b", "--broker", "broker", help="Broker name (when the t
 
 @main.group(name="topic")
 def topic_group() -> None:
-    """Topics: list, create, status."""
+    """Topics: list, create, status, delete."""
 
 
 @topic_group.command(name="list")
@@ -204,12 +208,42 @@ def topic_status(topic: str) -> None:
     _run(lambda a: a.topic_status(topic), lambda d: fmt.render_topic_status(d), "topic stats")
 
 
+@topic_group.command(name="delete")
+@_JSON
+@_TOPIC
+@click.option("-c", "--cluster", help="Only on the brokers of this cluster (default: every broker).")
+def topic_delete(topic: str, cluster: str | None) -> None:
+    """Delete TOPIC on the brokers (config, consume queues, stored offsets) and the name servers (its route),
+    as mqadmin deleteTopic. Its messages stay in the commit log until they expire."""
+    _check_name("topic", topic, "--topic")
+    _run(lambda a: a.topic_delete(topic, cluster), fmt.render_topic_delete)
+
+
 # --- consumer ----------------------------------------------------------------------------------------------
 
 
 @main.group(name="consumer")
 def consumer_group() -> None:
-    """Consumer groups: progress, connections, locks, status, reset-offset, skip."""
+    """Consumer groups: list, progress, connections, locks, status, reset-offset, skip, delete."""
+
+
+@consumer_group.command(name="list")
+@_JSON
+def consumer_list() -> None:
+    """Every consumer group the brokers know: live members, consume mode, message model, total lag."""
+    _run(lambda a: a.consumer_list(), fmt.render_consumer_list, "consumer groups")
+
+
+@consumer_group.command(name="delete")
+@_JSON
+@_GROUP
+@click.option("--force", is_flag=True, help="Delete even while members are online.")
+@click.option("--keep-offsets", is_flag=True, help="Keep the group's stored offsets (RocketMQ's default).")
+def consumer_delete(group: str, force: bool, keep_offsets: bool) -> None:
+    """Delete the group's config (and its stored offsets) on every master broker, as mqadmin deleteSubGroup.
+    Refused while the group has live members, unless --force."""
+    _check_name("group", group, "--group")
+    _run(lambda a: a.consumer_delete(group, force=force, keep_offsets=keep_offsets), fmt.render_consumer_delete)
 
 
 @consumer_group.command(name="progress")
@@ -262,16 +296,19 @@ def consumer_status(group: str, client_id: str | None) -> None:
               help="Epoch ms, yyyyMMddHHmmss, ISO 8601, yyyy-MM-dd#HH:mm:ss:SSS, now, or -30m style.")
 @click.option("--force/--no-force", default=True, show_default=True,
               help="--no-force only moves a queue back (never skips messages).")
-def consumer_reset_offset(group: str, topic: str, timestamp: str, force: bool) -> None:
+@click.option("--execute", is_flag=True, help="Apply the reset (without it, only the plan is printed).")
+def consumer_reset_offset(group: str, topic: str, timestamp: str, force: bool, execute: bool) -> None:
     """Move the group's offsets of TOPIC to the first message stored at or after a time (RocketMQ's
-    resetOffsetByTime). Safe with the group online: members drop the queues and restart from the new offsets."""
+    resetOffsetByTime). Prints the plan (queue, current and new offset) and changes nothing unless --execute.
+    Safe with the group online: members drop the queues and restart from the new offsets, and a commit made
+    before the reset cannot undo it."""
     _check_name("group", group, "--group")
     _check_name("topic", topic, "--topic")
     try:
         ts = fmt.parse_timestamp(timestamp, now_ms=_now_ms())
     except fmt.TimestampError as exc:
         raise click.BadParameter(str(exc), param_hint="--timestamp") from None
-    _run(lambda a: a.reset_offset(group, topic, ts, force), lambda d: fmt.render_reset_offset(d))
+    _run(lambda a: a.reset_offset(group, topic, ts, force, dry_run=not execute), lambda d: fmt.render_reset_offset(d))
 
 
 @consumer_group.command(name="skip")

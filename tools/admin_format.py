@@ -326,6 +326,11 @@ def render_consumer_status(doc: Mapping[str, Any], *, now_ms: int) -> str:
 def render_reset_offset(doc: Mapping[str, Any]) -> str:
     rows = [[q.get("brokerName"), q.get("queueId"), _offset(q.get("previousOffset")), q.get("offset")]
             for q in doc.get("queues") or []]
+    if doc.get("dryRun"):
+        state = "online: its members will be told" if doc.get("online") else "offline"
+        return "\n".join([render_table(["BROKER", "QID", "CURRENT_OFFSET", "NEW_OFFSET"], rows),
+                          f"plan for group {doc.get('consumerGroup')} on {doc.get('topic')} ({state}): nothing "
+                          f"changed; run again with --execute to apply it", *_errors(doc)])
     lines = [render_table(["BROKER", "QID", "OLD_OFFSET", "NEW_OFFSET"], rows)]
     if doc.get("online"):
         for c in doc.get("clients") or []:
@@ -335,6 +340,28 @@ def render_reset_offset(doc: Mapping[str, Any]) -> str:
     else:
         lines.append("group offline: offsets written on the brokers; members will start from them")
     return "\n".join(lines + _errors(doc))
+
+
+def render_consumer_list(doc: Mapping[str, Any]) -> str:
+    groups = doc.get("groups") or []
+    rows = [[g.get("consumerGroup"), g.get("members"), g.get("consumeMode"), g.get("messageModel"),
+             g.get("totalLag"), ", ".join(g.get("brokers") or []) or None] for g in groups]
+    table = render_table(["GROUP", "MEMBERS", "MODE", "MODEL", "LAG", "BROKERS"], rows)
+    return "\n".join([table, f"{len(groups)} consumer groups", *_errors(doc)])
+
+
+def render_consumer_delete(doc: Mapping[str, Any]) -> str:
+    offsets = "and its stored offsets " if doc.get("offsetsRemoved") else "(its stored offsets kept) "
+    members = doc.get("members") or []
+    forced = f"; {len(members)} member(s) were online: {', '.join(members)}" if members else ""
+    return (f"consumer group {doc.get('consumerGroup')} deleted {offsets}on "
+            f"{', '.join(doc.get('brokers') or []) or 'no broker'}{forced}" + "".join(f"\n{e}" for e in _errors(doc)))
+
+
+def render_topic_delete(doc: Mapping[str, Any]) -> str:
+    brokers = ", ".join(f"{b['brokerName']} ({b['brokerAddr']})" for b in doc.get("brokers") or []) or "no broker"
+    namesrvs = ", ".join(doc.get("namesrvs") or []) or "no name server"
+    return "\n".join([f"topic {doc.get('topic')} deleted on {brokers} and from {namesrvs}", *_errors(doc)])
 
 
 def render_consumer_skip(doc: Mapping[str, Any]) -> str:

@@ -189,6 +189,15 @@ class SubscriptionGroupManager:
         self._bump()
         log.info("subscription_group.updated" if old else "subscription_group.created", **cfg.to_wire())
 
+    def delete(self, group: str) -> bool:
+        """RocketMQ's ``deleteSubscriptionGroupConfig``: forget the group's config; whether it had one (the
+        caller persists)."""
+        if self.table.pop(group, None) is None:
+            return False
+        self._bump()
+        log.info("subscription_group.deleted", group=group)
+        return True
+
     def all(self) -> dict[str, SubscriptionGroupConfig]:
         return dict(self.table)
 

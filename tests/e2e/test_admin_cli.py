@@ -3,8 +3,9 @@ shared by the module), run as a subprocess with ``--json`` and its fields checke
 
 Consumers for the group commands are trio-native PushConsumers in the test process (the CLI runs through
 ``trio.run_process`` meanwhile): an orderly group blocked on a poison message (status -> skip -> DLQ ->
-resend, progress, locks, connections, reset-offset online and offline) and a concurrent group (skip routed
-by the members' running info). Waits poll for a condition; nothing asserts a duration.
+resend, progress, locks, connections, list, reset-offset planned then executed online and offline) and a
+concurrent group (skip routed by the members' running info). Waits poll for a condition; nothing asserts a
+duration.
 """
 
 from __future__ import annotations
@@ -305,25 +306,35 @@ async def test_orderly_group_status_skip_dlq_progress_locks_reset(addr: str) -> 
 
             # reset by time while online: every queue back to 0, the member restarts them from there
             before = sum(1 for _, _, b in consumed if b == b"n0")
-            reset = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "0"))
+            # the plan first: nothing changes without --execute
+            plan = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "0"))
+            assert plan["dryRun"] is True and plan["online"] is True and plan["clients"] == []
+            assert [(q["queueId"], q["previousOffset"], q["offset"]) for q in plan["queues"]] == [(0, 5, 0), (1, 3, 0)]
+            listed = ok(await aadmin(addr, "consumer", "list"))
+            [entry] = [g for g in listed["groups"] if g["consumerGroup"] == group]
+            assert (entry["members"], entry["consumeMode"], entry["brokers"]) == (1, "orderly", [BROKER_NAME])
+            reset = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "0",
+                                    "--execute"))
             assert reset["online"] is True and reset["isForce"] is True and reset["errors"] == []
+            assert reset["dryRun"] is False and reset["resetGenerations"] == {BROKER_NAME: 1}
             assert [(q["queueId"], q["previousOffset"], q["offset"]) for q in reset["queues"]] == [(0, 5, 0), (1, 3, 0)]
             (member,) = reset["clients"]
             assert member["clientId"] == cid and member["ok"] is True and member["queues"] == 2
             await wait_until(lambda: sum(1 for _, _, b in consumed if b == b"n0") == before + 1)
 
         # offline: the broker writes the offsets itself
-        reset = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "now"))
+        reset = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "now",
+                                "--execute"))
         assert reset["online"] is False and reset["clients"] == []
         assert [(q["queueId"], q["offset"]) for q in reset["queues"]] == [(0, 5), (1, 3)]
         progress = ok(await aadmin(addr, "consumer", "progress", "-g", group, "-t", topic))
         assert progress["online"] is False and progress["totalLag"] == 0
         assert [q["consumerOffset"] for q in progress["queues"]] == [5, 3]
         rewind = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "0",
-                                 "--no-force"))
+                                 "--no-force", "--execute"))
         assert [q["offset"] for q in rewind["queues"]] == [0, 0]
         forward = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "now",
-                                  "--no-force"))
+                                  "--no-force", "--execute"))
         assert [q["offset"] for q in forward["queues"]] == [0, 0]  # without force a reset never moves forward
 
 
@@ -441,7 +452,8 @@ async def test_two_brokers_merge_per_broker_answers(tmp_path: Path) -> None:
             assert progress["totalLag"] == 0 and progress["online"] is True
             assert {q["owner"] for q in progress["queues"] if q["topic"] == topic} == {consumer.client_id}
 
-            reset = ok(await aadmin(ns, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "0"))
+            reset = ok(await aadmin(ns, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "0",
+                                    "--execute"))
             assert [(q["brokerName"], q["queueId"], q["offset"]) for q in reset["queues"]] == [
                 ("broker-a", 0, 0), ("broker-a", 1, 0), ("broker-b", 0, 0), ("broker-b", 1, 0)]
             # each broker told the member about its own queues

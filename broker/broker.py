@@ -19,6 +19,7 @@ import trio
 from trimq.broker.acl import AccessValidator, load_acl
 from trimq.broker.config import BrokerConfig
 from trimq.broker.consumers import ConsumerManager
+from trimq.broker.ha.controller import HAController
 from trimq.broker.locks import RebalanceLockManager
 from trimq.broker.long_polling import LongPolling
 from trimq.broker.metrics import BrokerCollector, BrokerMetrics
@@ -143,6 +144,15 @@ class Broker:
             self.coordination_service, groups, self.subscription_group_service, self.schedule_message_service,
             self.retry_service, self.admin_forward_service, self.admin_groups_service,
         ]
+        # -- high availability (issue 15): the role, the HA port, a slave's replication and metadata sync. Last:
+        # it starts after the store, the configs and the lock lifetime it works on.
+        self.ha_controller = HAController(
+            config=config, registry=server, store=self.store, topics=topics, groups=groups,
+            offsets=self.offset_manager, schedule=self.schedule_message_service, locks=self.lock_manager,
+            epoch_store=self.coordination_service.epoch_store, address=self.advertised_host)
+        self.register_service.ha = self.ha_controller
+        self.ha_controller.listeners.append(self.register_service.wake)
+        self.services.append(self.ha_controller)
         self.metrics: BrokerMetrics | None = None
         if config.metrics_port:  # installs its hooks before anything is served
             collector = BrokerCollector(
@@ -150,6 +160,7 @@ class Broker:
                 consumers=self.consumer_manager, locks=self.lock_manager, send=self.send_service,
                 pull=self.pull_service, coordination=self.coordination_service, retry=self.retry_service,
                 schedule=self.schedule_message_service, long_polling=self.long_polling)
+            collector.ha = self.ha_controller
             extra = (NamesrvCollector(self.namesrv.routes),) if self.namesrv is not None else ()
             self.metrics = BrokerMetrics(config=config, server=server, store=self.store, collector=collector,
                                          extra=extra)

@@ -181,7 +181,7 @@ class BrokerConfig:
                                            "is not waited for: sends get SLAVE_NOT_AVAILABLE (RocketMQ's "
                                            "haSlaveFallbehindMax)", min=0, max=2**62)
     slave_timeout: int = setting(3_000, "SYNC_MASTER: ms a send waits for a slave before FLUSH_SLAVE_TIMEOUT "
-                                 "(RocketMQ's syncFlushTimeout for the slave, 3 s)", min=1, max=600_000)
+                                 "(RocketMQ's slaveTimeout)", min=1, max=600_000)
     slave_synchronize_interval_ms: int = setting(10_000, "SLAVE: how often topics, subscription groups, consumer "
                                                  "offsets and delay offsets are fetched from the master (first after "
                                                  "3 s; RocketMQ: 10 s)", min=100, max=3_600_000)
@@ -214,7 +214,8 @@ class BrokerConfig:
         if self.tls_key_file and not self.tls_cert_file:
             raise ConfigError(f"tls_key_file = {self.tls_key_file!r}: needs tls_cert_file too")
         if self.broker_role == "SLAVE" and self.broker_id == 0:
-            raise ConfigError("broker_id = 0 with broker_role = SLAVE: a slave's broker_id must be > 0 (0 is the master)")
+            raise ConfigError("broker_id = 0 with broker_role = SLAVE: a slave's broker_id must be > 0 (0 is the "
+                              "master's)")
         if self.broker_role != "SLAVE" and self.broker_id != 0:
             raise ConfigError(f"broker_id = {self.broker_id} with broker_role = {self.broker_role}: a master's "
                               "broker_id is 0")

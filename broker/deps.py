@@ -33,6 +33,7 @@ __all__ = [
     "MessageLookup",
     "MessageWriter",
     "OffsetPersister",
+    "ProducerWriter",
     "QueueOffsets",
     "QueueReader",
     "RequestServer",
@@ -81,6 +82,12 @@ class MessageWriter(Protocol):
     async def put_messages(self, topic: str, queue_id: int, messages: list[tuple[bytes, str, int]], *,
                            sys_flag: int = 0, born_timestamp: int, born_host: tuple[str, int],
                            reconsume_times: int = 0, tags_code: int | None = None) -> PutResult: ...
+
+
+class ProducerWriter(MessageWriter, Protocol):
+    """What the send path uses (MessageStore): appends, then the SYNC_MASTER wait for a slave (issue 15)."""
+
+    async def handle_ha(self, result: PutResult) -> PutResult: ...
 
 
 class QueueOffsets(Protocol):

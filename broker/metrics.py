@@ -122,6 +122,19 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "trimq_handler_errors_total": ("counter", "", "requests whose handler failed unexpectedly (SYSTEM_ERROR)"),
     "trimq_long_polling_requests_held": ("gauge", "", "pulls currently held waiting for messages"),
     "trimq_long_polling_queues": ("gauge", "", "queues with at least one held pull"),
+    # -- high availability (issue 15, broker/ha/, docs/OPERATIONS.md "High availability")
+    "trimq_ha_role": ("gauge", "role", "1 for the broker's current role: ASYNC_MASTER, SYNC_MASTER or SLAVE"),
+    "trimq_ha_master_epoch": ("gauge", "", "the newest master epoch this broker knows (grows with each promotion)"),
+    "trimq_ha_slave_connections": ("gauge", "", "master: slaves connected to its HA port"),
+    "trimq_ha_master_connected": ("gauge", "", "slave: 1 while it follows its master over the HA port"),
+    "trimq_ha_replication_lag_bytes": ("gauge", "",
+                                       "master: commit-log bytes its best slave has not acknowledged"),
+    "trimq_ha_replication_lag_seconds": ("gauge", "",
+                                         "master: age of the oldest message its best slave has not acknowledged "
+                                         "(0 when it has everything)"),
+    "trimq_ha_sync_master_waits_total": ("counter", "outcome",
+                                         "SYNC_MASTER sends that waited for a slave: outcome=ok, timeout "
+                                         "(FLUSH_SLAVE_TIMEOUT) or slave_not_available"),
 }
 
 
@@ -177,13 +190,15 @@ class BrokerCollector:
         self.long_polling = long_polling
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._errors = RateLimiter(60_000)
+        #: The HA controller (broker/ha/controller.py), set by the composition root.
+        self.ha: Any = None
 
     def describe(self) -> list[Metric]:
         return []  # the families vary with the broker's state; nothing to pre-declare
 
     def collect(self) -> Iterator[Metric]:
         for part in (self._info, self._traffic, self._storage, self._consumers, self._locks_offsets,
-                     self._retries, self._server):
+                     self._retries, self._server, self._ha):
             try:
                 yield from part()
             except Exception as exc:  # a scrape must not crash the daemon
@@ -191,6 +206,30 @@ class BrokerCollector:
                                  part=part.__name__.lstrip("_"), error=f"{type(exc).__name__}: {exc}")
 
     # -- parts ------------------------------------------------------------------------------------------
+    def _ha(self) -> Iterator[Metric]:
+        ha = self.ha
+        if ha is None:
+            return
+        status = ha.status()
+        role = _gauge("trimq_ha_role", _doc("trimq_ha_role"), ["role"])
+        for name in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
+            role.add_metric([name], 1 if status["brokerRole"] == name else 0)
+        yield role
+        svc = ha.service
+        for name, value in (("trimq_ha_master_epoch", status["masterEpoch"]),
+                            ("trimq_ha_slave_connections", len(svc.connections)),
+                            ("trimq_ha_master_connected", 1 if ha.client.connected else 0),
+                            ("trimq_ha_replication_lag_bytes", svc.lag_bytes()),
+                            ("trimq_ha_replication_lag_seconds", svc.lag_seconds(self._now_ms()))):
+            g = _gauge(name, _doc(name))
+            g.add_metric([], value)
+            yield g
+        waits = _counter("trimq_ha_sync_master_waits_total", _doc("trimq_ha_sync_master_waits_total"), ["outcome"])
+        waits.add_metric(["ok"], svc.sync_ok)
+        waits.add_metric(["timeout"], svc.sync_timeouts)
+        waits.add_metric(["slave_not_available"], svc.slave_not_available)
+        yield waits
+
     def _info(self) -> Iterator[Metric]:
         cfg = self.config
         info = _gauge("trimq_broker_info", _doc("trimq_broker_info"), ["cluster", "broker", "address"])

@@ -32,6 +32,7 @@ from trimq.client.admin_results import (
     BrokerAddress,
     BrokerFailure,
     BrokerLockInfo,
+    BrokerPromoteResult,
     ClientFailure,
     ClusterBroker,
     ClusterEntry,
@@ -698,6 +699,25 @@ class Admin:
         for prop in (MessageConst.MIN_OFFSET, MessageConst.MAX_OFFSET):  # added by the pull decoder, not stored
             msg.properties.pop(prop, None)
         return StoredMessage(name, msg)
+
+    async def broker_promote(self, broker_name: str, broker_id: int = 1, role: str = "ASYNC_MASTER"
+                             ) -> BrokerPromoteResult:
+        """Promote the slave ``broker_id`` of ``broker_name`` to its master (PROMOTE_BROKER, docs/OPERATIONS.md
+        "High availability"): a newer master epoch, lock epochs above the old master's. ``role``: ASYNC_MASTER or
+        SYNC_MASTER. AdminError when the name server knows no such broker; MQBrokerError when it refuses."""
+        table = (await self.cluster_info_raw()).get("brokerAddrTable") or {}
+        addrs = (table.get(broker_name) or {}).get("brokerAddrs") or {}
+        addr = addrs.get(str(broker_id)) or addrs.get(broker_id)
+        if not addr:
+            known = ", ".join(f"{k}: {v}" for k, v in sorted(addrs.items())) or "none"
+            raise AdminError(f"the name server knows no broker {broker_name} with brokerId {broker_id} "
+                             f"(its brokerIds: {known})")
+        resp = await self.api.invoke(addr, RequestCode.PROMOTE_BROKER, {
+            "brokerName": broker_name, "brokerId": broker_id, "brokerRole": role}, timeout_ms=self.timeout_ms)
+        ext = resp.ext
+        return BrokerPromoteResult(broker_name, str(addr), str(ext.get("brokerRole", role)),
+                                   int(ext.get("masterEpoch", 0)), int(ext.get("brokerEpoch", 0)),
+                                   int(ext.get("maxOffset", 0)))
 
     async def cluster_list(self) -> ClusterList:
         """The brokers the name server knows, by cluster, with when each last registered."""

@@ -22,6 +22,7 @@ __all__ = [
     "BrokerAddress",
     "BrokerFailure",
     "BrokerLockInfo",
+    "BrokerPromoteResult",
     "ClientFailure",
     "ClusterBroker",
     "ClusterEntry",
@@ -232,6 +233,18 @@ class ClusterBroker:
     age_ms: int | None
     topic_count: int
     topics: list[str]
+
+
+@dataclass(frozen=True)
+class BrokerPromoteResult:
+    """A slave promoted to the master of its broker name (``trimq-admin broker promote``, PROMOTE_BROKER)."""
+
+    broker_name: str
+    broker_addr: str
+    broker_role: str
+    master_epoch: int
+    broker_epoch: int
+    max_offset: int
 
 
 @dataclass(frozen=True)

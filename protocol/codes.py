@@ -35,6 +35,8 @@ class RequestCode(IntEnum):
     NOTIFY_CONSUMER_IDS_CHANGED = 40
     LOCK_BATCH_MQ = 41
     UNLOCK_BATCH_MQ = 42
+    GET_ALL_CONSUMER_OFFSET = 43
+    GET_ALL_DELAY_OFFSET = 45
     REGISTER_BROKER = 103
     UNREGISTER_BROKER = 104
     GET_ROUTEINFO_BY_TOPIC = 105
@@ -60,6 +62,7 @@ class RequestCode(IntEnum):
     RESEND_DLQ_MESSAGES = 9003
     SKIP_MESSAGE = 9004
     GET_SUBSCRIPTION_CONSISTENCY = 9005
+    PROMOTE_BROKER = 9010  # HA (issue 15): turn a slave into its broker name's master, with a newer epoch
 
 
 class ResponseCode(IntEnum):

@@ -446,6 +446,25 @@ def message_query(key: str | None, unique_key: str | None, topic: str | None, ma
                                    end_ms=end_ms), lambda d: fmt.render_message_query(d), "message query")
 
 
+@main.group(name="broker")
+def broker_group() -> None:
+    """Broker roles (high availability)."""
+
+
+@broker_group.command(name="promote")
+@click.option("--broker-name", required=True, help="Broker name whose slave becomes its master.")
+@click.option("--broker-id", type=int, default=1, show_default=True, help="brokerId of the slave to promote.")
+@click.option("--role", type=click.Choice(["ASYNC_MASTER", "SYNC_MASTER"]), default="ASYNC_MASTER",
+              show_default=True, help="Role of the new master.")
+@_JSON
+def broker_promote(broker_name: str, broker_id: int, role: str) -> None:
+    """Make a slave the master of its broker name, with a newer master epoch (docs/OPERATIONS.md)."""
+    _run(lambda a: a.broker_promote(broker_name, broker_id, role),
+         lambda d: (f"{d['brokerName']} brokerId {broker_id} at {d['brokerAddr']} is now {d['brokerRole']}: "
+                    f"master epoch {d['masterEpoch']}, broker epoch {d['brokerEpoch']}, "
+                    f"writes from offset {d['maxOffset']}"))
+
+
 @main.group(name="cluster")
 def cluster_group() -> None:
     """Brokers known to the name server."""

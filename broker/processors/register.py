@@ -10,7 +10,7 @@ UNREGISTER_BROKER, so clients stop getting routes to it at once.
 from __future__ import annotations
 
 import ssl
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -46,6 +46,17 @@ def advertised_host(cfg: BrokerConfig, bound: list[tuple[str, int]]) -> tuple[st
     return host, port
 
 
+class HARegistration(Protocol):
+    """The HA role's part of a registration (broker/ha/controller.py HAController): the broker id, the HA address
+    and master epoch sent, and the name server's answer (a slave learns its master; a superseded master steps down)."""
+
+    broker_id: int
+
+    def register_ext(self) -> dict[str, Any]: ...
+
+    async def on_register_answer(self, ext: dict[str, Any]) -> None: ...
+
+
 class RegisterService:
     """Registers the broker's topics with the name servers (and the embedded one, ``namesrv``) once
     ``started`` is set; unregisters when ``server`` starts draining."""
@@ -66,6 +77,16 @@ class RegisterService:
         self.registrations = 0  # successful registration rounds (tests)
         self.registered = trio.Event()
         self.draining = False  # once unregistered for a shutdown, never register again
+        #: Set by the composition root when the broker has an HA role (issue 15); None: a master with id 0.
+        self.ha: HARegistration | None = None
+
+    def wake(self) -> None:
+        """Register again now (the HA role changed)."""
+        self._changed.set()
+
+    @property
+    def broker_id(self) -> int:
+        return self.ha.broker_id if self.ha is not None else 0
 
     def _on_topic_change(self, topic: str) -> None:
         # The embedded name server learns a new topic at once (in-process, no I/O), so a consumer asking for
@@ -81,7 +102,8 @@ class RegisterService:
 
     def _ext(self) -> dict[str, Any]:
         return {"brokerAddr": self.broker_addr, "brokerName": self.config.broker_name,
-                "clusterName": self.config.cluster_name, "brokerId": 0}
+                "clusterName": self.config.cluster_name, "brokerId": self.broker_id,
+                **(self.ha.register_ext() if self.ha is not None else {})}
 
     async def start(self) -> None:
         pass
@@ -123,7 +145,7 @@ class RegisterService:
         ns = self.namesrv
         if ns is not None and not self.draining:
             ns.register_local(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
-                              broker_name=self.config.broker_name, broker_id=0, topic_config_table=table,
+                              broker_name=self.config.broker_name, broker_id=self.broker_id, topic_config_table=table,
                               data_version=version)
         return table, version
 
@@ -137,6 +159,8 @@ class RegisterService:
             return
         if resp.code != ResponseCode.SUCCESS:
             log.warning("register.refused", namesrv=addr, code=resp.code, remark=resp.remark)
+        elif self.ha is not None:
+            await self.ha.on_register_answer(resp.ext)
 
     async def _unregister_on_drain(self, rc: RemotingClient) -> None:
         await self.server.wait_shutdown()
@@ -146,7 +170,7 @@ class RegisterService:
         self.draining = True
         if self.namesrv is not None:
             self.namesrv.unregister_local(cluster=self.config.cluster_name, broker_addr=self.broker_addr,
-                                          broker_name=self.config.broker_name, broker_id=0)
+                                          broker_name=self.config.broker_name, broker_id=self.broker_id)
         with trio.move_on_after(1.0):
             async with trio.open_nursery() as nursery:
                 for addr in self.config.namesrv_addrs:

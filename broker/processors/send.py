@@ -14,7 +14,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from trimq.broker.config import BrokerConfig
-from trimq.broker.deps import HandlerRegistry, MessageWriter, SubscriptionGroups, Topics
+from trimq.broker.deps import HandlerRegistry, ProducerWriter, SubscriptionGroups, Topics
 from trimq.broker.processors.retry import handle_retry_and_dlq
 from trimq.broker.services import HandlerService
 from trimq.broker.store.store_base import PutMessageStatus, PutResult
@@ -44,7 +44,13 @@ _STATUS_CODE = {
     PutMessageStatus.CREATE_MAPPED_FILE_FAILED: ResponseCode.SYSTEM_ERROR,
     PutMessageStatus.OS_PAGECACHE_BUSY: ResponseCode.SYSTEM_ERROR,
     PutMessageStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
 }
+#: Statuses of a message that is stored (RocketMQ's SendResult: SEND_OK, FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
+#: SLAVE_NOT_AVAILABLE): the answer carries its id and offset whatever the code.
+_STORED = frozenset({PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT, PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+                     PutMessageStatus.SLAVE_NOT_AVAILABLE})
 
 
 def born_host_of(conn: Connection) -> tuple[str, int]:
@@ -65,7 +71,7 @@ class SendService(HandlerService):
 
     name = "send"
 
-    def __init__(self, *, config: BrokerConfig, registry: HandlerRegistry, store: MessageWriter, topics: Topics,
+    def __init__(self, *, config: BrokerConfig, registry: HandlerRegistry, store: ProducerWriter, topics: Topics,
                  groups: SubscriptionGroups) -> None:
         self.store = store
         self.topics = topics
@@ -76,7 +82,8 @@ class SendService(HandlerService):
         self.put_stats: dict[str, list[int]] = {}
         # Under ASYNC_FLUSH a send never waits (the append has no await but the rare segment creation), so it
         # runs in the connection's reading task: no task per request. A SYNC_FLUSH send waits for its fsync.
-        inline = not config.sync_flush
+        # A SYNC_MASTER send waits for its slave (so does a slave's, which may be promoted to one): not inline.
+        inline = not config.sync_flush and config.broker_role == "ASYNC_MASTER"
         registry.register(RequestCode.SEND_MESSAGE, self.send_message, inline=inline)
         registry.register(RequestCode.SEND_MESSAGE_V2, self.send_message, inline=inline)
         registry.register(RequestCode.SEND_BATCH_MESSAGE, self.send_batch_message, inline=inline)
@@ -126,7 +133,7 @@ class SendService(HandlerService):
 
     def _count(self, topic: str, res: PutResult) -> None:
         """Count stored messages per topic for the metrics: a dict update per request, no label lookup."""
-        if res.status is PutMessageStatus.PUT_OK or res.status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
+        if res.status in _STORED:
             st = self.put_stats.get(topic)
             if st is None:
                 st = self.put_stats[topic] = [0, 0]
@@ -139,7 +146,7 @@ class SendService(HandlerService):
         exhausted retry in ``%DLQ%group`` queue 0, yet the producer is told the queue it asked for (its
         SendResult's message queue). ``queueOffset`` is the stored record's, as RocketMQ answers it."""
         code = _STATUS_CODE.get(res.status, ResponseCode.SYSTEM_ERROR)
-        if code == ResponseCode.SUCCESS or code == ResponseCode.FLUSH_DISK_TIMEOUT:
+        if res.status in _STORED:
             ext = {"msgId": msg_id, "queueId": queue_id, "queueOffset": res.queue_offset}
             return RemotingCommand.response_to(cmd, code, res.remark or None, ext)
         return RemotingCommand.response_to(cmd, code, f"{res.status.value}: {res.remark}")
@@ -165,6 +172,7 @@ class SendService(HandlerService):
             born_timestamp=int_field(ext, "bornTimestamp", 0), born_host=born_host_of(conn),
             reconsume_times=int_field(ext, "reconsumeTimes", 0, bits=32),
         )
+        res = await self.store.handle_ha(res)  # SYNC_MASTER: answered once a slave has it (issue 15)
         self._count(cfg.topic_name, res)
         return self._response(cmd, res, res.msg_id, requested_queue_id)
 
@@ -199,6 +207,7 @@ class SendService(HandlerService):
             born_timestamp=int_field(ext, "bornTimestamp", 0), born_host=born_host_of(conn),
             reconsume_times=int_field(ext, "reconsumeTimes", 0, bits=32),
         )
+        res = await self.store.handle_ha(res)
         self._count(cfg.topic_name, res)
         return self._response(cmd, res, ",".join(res.msg_ids), queue_id)
 

@@ -93,7 +93,8 @@ class HAService:
         self._waiters: list[tuple[int, int, trio.Event]] = []  # (offset, seq, event), ascending
         self._seq = itertools.count()
         # counters for metrics and tests
-        self.sync_waits = 0
+        self.sync_waits = 0  # sends that had to wait
+        self.sync_ok = 0
         self.sync_timeouts = 0
         self.slave_not_available = 0
         store.arrival_listeners.append(self._on_append)
@@ -132,6 +133,8 @@ class HAService:
                     await self._serve_connection(conn, stream)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, HAProtocolError) as exc:
                 log.warning("ha.slave_connection_failed", slave=remote, error=str(exc) or type(exc).__name__)
+            except Exception:  # one slave's trouble must not stop the HA port
+                log.exception("ha.slave_connection_crashed", slave=remote)
             finally:
                 if conn in self.connections:
                     self.connections.remove(conn)
@@ -163,8 +166,19 @@ class HAService:
                  slave_master_epoch=hello.master_epoch, start_offset=ack.start_offset,
                  master_max_offset=self.store.commitlog.max_offset)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._write_loop, conn, stream)
-            await self._read_loop(conn, stream, buf)
+
+            async def write() -> None:
+                try:
+                    await self._write_loop(conn, stream)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.warning("ha.slave_write_failed", slave=conn.remote, error=str(exc) or type(exc).__name__)
+                nursery.cancel_scope.cancel()  # either loop ending ends the connection
+
+            nursery.start_soon(write)
+            try:
+                await self._read_loop(conn, stream, buf)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, HAProtocolError) as exc:
+                log.warning("ha.slave_read_failed", slave=conn.remote, error=str(exc) or type(exc).__name__)
             nursery.cancel_scope.cancel()
 
     def _answer(self, slave_epoch: int, slave_max: int) -> HelloAck:
@@ -247,6 +261,7 @@ class HAService:
             self.slave_not_available += 1
             return PutMessageStatus.SLAVE_NOT_AVAILABLE
         if self.push_slave_max_offset >= offset:
+            self.sync_ok += 1
             return PutMessageStatus.PUT_OK
         self.sync_waits += 1
         ev = trio.Event()
@@ -255,6 +270,7 @@ class HAService:
         with trio.move_on_after(self.slave_timeout_s):
             await ev.wait()
         if self.push_slave_max_offset >= offset:
+            self.sync_ok += 1
             return PutMessageStatus.PUT_OK
         if entry in self._waiters:
             self._waiters.remove(entry)

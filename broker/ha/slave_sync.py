@@ -1,0 +1,201 @@
+"""A slave's copy of its master's metadata (RocketMQ 4.9.3's ``SlaveSynchronize``).
+
+Every ``slave_synchronize_interval_ms`` (10 s; the first 3 s after the slave starts) the slave asks its master,
+over the ordinary request port, for the topic configs (GET_ALL_TOPIC_CONFIG), the consumer offsets
+(GET_ALL_CONSUMER_OFFSET), the delay offsets (GET_ALL_DELAY_OFFSET) and the subscription groups
+(GET_ALL_SUBSCRIPTIONGROUP_CONFIG), and takes them over. Topics and groups are replaced when the master's data
+version differs; delay offsets are overwritten. Consumer offsets go through ``merge_offsets``: RocketMQ
+overwrites the slave's (:func:`overwrite_offsets`), which loses what consumers committed to the slave while the
+master was away; the HA issue's part 2 merges by commit version instead (docs/PROTOCOL.md "Replication
+stream").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from trimq.broker.store.schedule import decode_offset_table
+from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
+from trimq.broker.store.topics import TopicConfig
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.runtime.client import RemotingClient, RemotingError
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
+
+log = get_logger("trimq.ha")
+
+__all__ = ["OffsetMerge", "SlaveSynchronize", "overwrite_offsets"]
+
+FIRST_SYNC_DELAY_S = 3.0
+REQUEST_TIMEOUT_S = 3.0
+
+
+class SyncedTopics(Protocol):
+    """The slave's topic table (broker/store/topics.py TopicConfigManager)."""
+
+    data_version: dict[str, Any]
+
+    def all(self) -> dict[str, TopicConfig]: ...
+
+    def create_or_update(self, cfg: TopicConfig) -> TopicConfig: ...
+
+    def delete(self, topic: str) -> bool: ...
+
+
+class SyncedGroups(Protocol):
+    """The slave's subscription groups (broker/store/subscription_groups.py SubscriptionGroupManager)."""
+
+    data_version: dict[str, Any]
+
+    def all(self) -> dict[str, SubscriptionGroupConfig]: ...
+
+    def update_and_create(self, cfg: SubscriptionGroupConfig) -> None: ...
+
+    async def persist(self) -> None: ...
+
+
+class SyncedOffsets(Protocol):
+    """The slave's consumer offsets (broker/store/offsets.py ConsumerOffsetManager)."""
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int: ...
+
+    def _set(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
+
+
+class SyncedDelayOffsets(Protocol):
+    """The slave's delay-level progress (broker/store/schedule.py ScheduleMessageService)."""
+
+    offsets: dict[int, int]
+
+    def _set_offset(self, level: int, offset: int, copy_end: int | None = None) -> None: ...
+
+
+#: ``(the slave's offsets, the master's GET_ALL_CONSUMER_OFFSET body) -> queues changed``.
+OffsetMerge = Callable[[Any, dict[str, Any]], int]
+
+
+def overwrite_offsets(offsets: SyncedOffsets, body: dict[str, Any]) -> int:
+    """RocketMQ's rule: every offset the master has replaces the slave's. Returns how many changed."""
+    table = body.get("offsetTable") if isinstance(body, dict) else None
+    if not isinstance(table, dict):
+        raise ValueError("GET_ALL_CONSUMER_OFFSET body has no offsetTable map")
+    changed = 0
+    for key, queues in table.items():
+        topic, sep, group = str(key).partition("@")
+        if not sep or not isinstance(queues, dict):
+            continue
+        for q, offset in queues.items():
+            try:
+                qid = int(q)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or qid < 0:
+                continue
+            if offsets.query_offset(group, topic, qid) != offset:
+                offsets._set(group, topic, qid, offset)
+                changed += 1
+    return changed
+
+
+class SlaveSynchronize:
+    """Fetches the master's metadata into the slave's tables (see the module docstring)."""
+
+    def __init__(self, *, master_addr: Callable[[], str], topics: SyncedTopics, groups: SyncedGroups,
+                 offsets: SyncedOffsets, schedule: SyncedDelayOffsets | None, interval_ms: int = 10_000,
+                 merge_offsets: OffsetMerge = overwrite_offsets) -> None:
+        self.master_addr = master_addr
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.schedule = schedule
+        self.interval_s = interval_ms / 1000
+        self.merge_offsets = merge_offsets
+        self.syncs = 0  # completed rounds (tests, metrics)
+        self.last_sync_time = 0.0  # trio clock of the last completed round
+        self._errors = RateLimiter(60_000)
+
+    async def run(self, rc: RemotingClient) -> None:
+        """Sync 3 s after the start, then every ``interval_ms``, until cancelled."""
+        await trio.sleep(FIRST_SYNC_DELAY_S)
+        while True:
+            await self.sync_all(rc)
+            await trio.sleep(self.interval_s)
+
+    async def sync_all(self, rc: RemotingClient) -> bool:
+        """One round; False when the master is unknown or a request failed (logged, rate-limited)."""
+        addr = self.master_addr()
+        if not addr:
+            return False
+        try:
+            await self._sync_topics(rc, addr)
+            await self._sync_offsets(rc, addr)
+            await self._sync_delay_offsets(rc, addr)
+            await self._sync_groups(rc, addr)
+        except (RemotingError, ValueError, TypeError, KeyError) as exc:
+            log_rate_limited(self._errors, addr, int(trio.current_time() * 1000), log.warning,
+                             "ha.slave_sync_failed", master=addr, error=str(exc) or type(exc).__name__)
+            return False
+        self.syncs += 1
+        self.last_sync_time = trio.current_time()
+        return True
+
+    async def _fetch(self, rc: RemotingClient, addr: str, code: RequestCode) -> dict[str, Any]:
+        resp = await rc.invoke(addr, RemotingCommand.request(code, {}), REQUEST_TIMEOUT_S)
+        if resp.code != ResponseCode.SUCCESS:
+            raise ValueError(f"{code.name} answered {resp.code}: {resp.remark}")
+        if not isinstance(resp.body, dict):
+            raise ValueError(f"{code.name} answered no map")
+        return resp.body
+
+    async def _sync_topics(self, rc: RemotingClient, addr: str) -> None:
+        body = await self._fetch(rc, addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+        table = body.get("topicConfigTable")
+        if not isinstance(table, dict):
+            raise ValueError("GET_ALL_TOPIC_CONFIG body has no topicConfigTable map")
+        if body.get("dataVersion") == self.topics.data_version:
+            return
+        wanted = {name: TopicConfig.from_json(raw).validate() for name, raw in table.items()}
+        current = self.topics.all()
+        for name, cfg in wanted.items():
+            if current.get(name) != cfg:
+                self.topics.create_or_update(cfg)
+        for name in set(current) - set(wanted):
+            self.topics.delete(name)
+        version = body.get("dataVersion")
+        if isinstance(version, dict):
+            self.topics.data_version = dict(version)
+        log.info("ha.topics_synced", master=addr, topics=len(wanted))
+
+    async def _sync_offsets(self, rc: RemotingClient, addr: str) -> None:
+        body = await self._fetch(rc, addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
+        changed = self.merge_offsets(self.offsets, body)
+        if changed:
+            log.info("ha.offsets_synced", master=addr, changed=changed)
+
+    async def _sync_delay_offsets(self, rc: RemotingClient, addr: str) -> None:
+        if self.schedule is None:
+            return
+        body = await self._fetch(rc, addr, RequestCode.GET_ALL_DELAY_OFFSET)
+        for level, offset in decode_offset_table(body, source=f"GET_ALL_DELAY_OFFSET from {addr}").items():
+            if self.schedule.offsets.get(level) != offset:
+                self.schedule._set_offset(level, offset)
+
+    async def _sync_groups(self, rc: RemotingClient, addr: str) -> None:
+        body = await self._fetch(rc, addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        if body.get("dataVersion") == self.groups.data_version:
+            return
+        table = body.get("subscriptionGroupTable")
+        if not isinstance(table, dict):
+            raise ValueError("GET_ALL_SUBSCRIPTIONGROUP_CONFIG body has no subscriptionGroupTable map")
+        current = self.groups.all()
+        for name, raw in table.items():
+            cfg = SubscriptionGroupConfig.from_wire(raw, group_name=name)
+            if current.get(name) != cfg:
+                self.groups.update_and_create(cfg)
+        version = body.get("dataVersion")
+        if isinstance(version, dict):
+            self.groups.data_version = dict(version)
+        await self.groups.persist()

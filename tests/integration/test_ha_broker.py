@@ -1,0 +1,108 @@
+"""Master/slave brokers in-process over loopback (issue 15): a slave follows its master over the HA port,
+serves pulls from the consume queues it rebuilt, refuses sends, syncs the master's metadata; SYNC_MASTER answers
+SLAVE_NOT_AVAILABLE with no slave, FLUSH_SLAVE_TIMEOUT when the slave does not confirm, SUCCESS when it does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from trimq.broker.broker import Broker
+from trimq.broker.store.ha.codec import Hello, StreamBuffer, encode_hello
+from trimq.protocol.address import parse_address
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.message import encode_properties
+from trimq.runtime.client import RemotingClient
+
+RC = RequestCode
+
+
+async def call(rc: RemotingClient, addr: str, code: int, ext: dict[str, Any] | None = None, body: Any = None
+               ) -> RemotingCommand:
+    return await rc.invoke(addr, RemotingCommand.request(code, ext or {}, body), timeout_s=10)
+
+
+async def send(rc: RemotingClient, addr: str, topic: str, qid: int, body: bytes) -> RemotingCommand:
+    ext = {"producerGroup": "pg", "topic": topic, "queueId": qid, "sysFlag": 0, "bornTimestamp": 1, "flag": 0,
+           "properties": encode_properties({"KEYS": body.decode()})}
+    return await call(rc, addr, RC.SEND_MESSAGE, ext, body)
+
+
+def slave_settings(master: Broker, **extra: Any) -> dict[str, Any]:
+    return {"broker_role": "SLAVE", "broker_id": 1, "ha_master_address": master.ha_controller.ha_server_addr,
+            **extra}
+
+
+async def caught_up(master: Broker, slave: Broker) -> None:
+    with trio.fail_after(10):
+        while not slave.ha_controller.client.connected or \
+                slave.store.commitlog.max_offset != master.store.commitlog.max_offset or \
+                slave.ha_controller.client.writer.reput_offset != master.store.commitlog.max_offset or \
+                master.ha_controller.service.push_slave_max_offset != master.store.commitlog.max_offset:
+            await trio.sleep(0.01)
+
+
+async def test_slave_replicates_serves_pulls_refuses_sends_and_syncs_metadata(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    async with broker_factory() as master, broker_factory(**slave_settings(master)) as slave:
+        for i in range(30):
+            r = await send(rclient, master.address, "Orders", i % 2, b"m%d" % i)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        await caught_up(master, slave)
+        assert master.ha_controller.status()["lagBytes"] == 0
+        assert await slave.ha_controller.sync.sync_all(rclient)  # topic configs (RocketMQ: 3 s after the start)
+        # pulls from the slave read the replicated records through its rebuilt consume queues
+        pull = {"consumerGroup": "cg", "topic": "Orders", "queueId": 1, "queueOffset": 0, "maxMsgNums": 32,
+                "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0}
+        on_slave = await call(rclient, slave.address, RC.PULL_MESSAGE, pull)
+        on_master = await call(rclient, master.address, RC.PULL_MESSAGE, pull)
+        assert on_slave.code == ResponseCode.SUCCESS and on_slave.body == on_master.body
+        assert on_slave.ext["nextBeginOffset"] == 15
+        # a slave refuses sends, saying why
+        r = await send(rclient, slave.address, "Orders", 0, b"nope")
+        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        assert "SLAVE" in (r.remark or "") and master.address in (r.remark or "")
+        # metadata: topics, subscription groups and consumer offsets come from the master
+        r = await call(rclient, master.address, RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                       body={"groupName": "cg", "retryMaxTimes": 5})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
+                       {"consumerGroup": "cg", "topic": "Orders", "queueId": 1, "commitOffset": 9})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert await slave.ha_controller.sync.sync_all(rclient)
+        assert slave.topic_config_manager.get("Orders") == master.topic_config_manager.get("Orders")
+        cfg = slave.subscription_group_manager.get("cg")
+        assert cfg is not None and cfg.retry_max_times == 5
+        assert slave.offset_manager.query_offset("cg", "Orders", 1) == 9
+        status = slave.ha_controller.status()
+        assert status["brokerRole"] == "SLAVE" and status["masterConnected"] and status["masterAddr"] == master.address
+
+
+async def test_sync_master_waits_for_its_slave(broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    async with broker_factory(broker_role="SYNC_MASTER", slave_timeout=150) as master:
+        # no slave: stored, but SLAVE_NOT_AVAILABLE (11), with the message's id and offset
+        r = await send(rclient, master.address, "T", 0, b"a")
+        assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE and r.ext["queueOffset"] == 0 and r.ext["msgId"]
+        # a slave that completes the handshake and never reports: FLUSH_SLAVE_TIMEOUT (12) after slave_timeout
+        host, port = parse_address(master.ha_controller.ha_server_addr)
+        silent = await trio.open_tcp_stream(host, port)
+        await silent.send_all(encode_hello(Hello(0, 0)))
+        buf = StreamBuffer()
+        while buf.next_hello_ack() is None:
+            buf.feed(await silent.receive_some(65536))
+        r = await send(rclient, master.address, "T", 0, b"b")
+        assert r.code == ResponseCode.FLUSH_SLAVE_TIMEOUT and r.ext["queueOffset"] == 1
+        await silent.aclose()
+        # a real slave confirms: SUCCESS
+        async with broker_factory(**slave_settings(master)) as slave:
+            with trio.fail_after(10):
+                while not master.ha_controller.service.connections:
+                    await trio.sleep(0.01)
+            r = await send(rclient, master.address, "T", 0, b"c")
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            assert slave.store.commitlog.max_offset >= master.store.commitlog.max_offset
+        svc = master.ha_controller.service
+        assert svc.slave_not_available >= 1 and svc.sync_timeouts == 1 and svc.sync_ok >= 1

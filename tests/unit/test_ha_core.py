@@ -1,0 +1,153 @@
+"""The HA cores without a network: the replication stream codec (chunking-invariant), the truncation rule of the
+epoch history, and the SYNC_MASTER wait (one acknowledgement releases every send it covers; the timeout and the
+missing slave) on trio's MockClock."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trimq.broker.store.ha.codec import (
+    HAProtocolError,
+    Hello,
+    HelloAck,
+    StreamBuffer,
+    encode_hello,
+    encode_hello_ack,
+    encode_offset_report,
+    encode_transfer_header,
+)
+from trimq.broker.store.ha.history import HAState, truncation_point
+from trimq.broker.store.ha.master import HAConnection, HAService
+from trimq.broker.store.store_base import PutMessageStatus
+
+
+def test_wire_bytes_are_the_documented_ones() -> None:
+    assert encode_offset_report(0x0102) == bytes(6) + b"\x01\x02"
+    assert encode_transfer_header(7, 3) == bytes(7) + b"\x07" + bytes(3) + b"\x03"
+    assert encode_hello(Hello(2, 5)) == b"TQHA" + bytes(3) + b"\x01" + bytes(7) + b"\x02" + bytes(7) + b"\x05"
+
+
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=20))
+def test_decoding_does_not_depend_on_how_the_bytes_are_split(cuts: list[int]) -> None:
+    ack = HelloAck(3, 9, 4096, "127.0.0.1:10911", "", ((1, 0), (3, 2048)))
+    stream = (encode_hello_ack(ack) + encode_transfer_header(4096, 5) + b"abcde" + encode_transfer_header(4101, 0))
+    buf = StreamBuffer()
+    got: list[object] = []
+    pos = 0
+    for n in itertools.cycle(cuts):
+        buf.feed(stream[pos : pos + n])
+        pos += n
+        if not got:
+            a = buf.next_hello_ack()
+            if a is not None:
+                got.append(a)
+        while got and (frame := buf.next_transfer()) is not None:
+            got.append(frame)
+        if pos >= len(stream):
+            break
+    assert got == [ack, (4096, b"abcde"), (4101, b"")]
+
+
+def test_malformed_streams_are_refused() -> None:
+    buf = StreamBuffer()
+    buf.feed(b"HTTP" + bytes(20))
+    with pytest.raises(HAProtocolError, match="not a trimq replication stream"):
+        buf.next_hello()
+    buf = StreamBuffer()
+    buf.feed(encode_transfer_header(0, 2**30))
+    with pytest.raises(HAProtocolError):
+        buf.next_transfer()
+
+
+def test_truncation_point() -> None:
+    history = [(1, 0), (2, 5000), (4, 9000)]
+    # same epoch: keep what both have
+    assert truncation_point(history, 4, 9500, 12000) == 9500
+    assert truncation_point(history, 4, 13000, 12000) == 12000
+    # from epoch 1: everything past the start of epoch 2 was written by a master that was superseded
+    assert truncation_point(history, 1, 7000, 12000) == 5000
+    assert truncation_point(history, 1, 4000, 12000) == 4000
+    assert truncation_point(history, 2, 9999, 12000) == 9000  # epoch 3 never wrote: epoch 4 starts at 9000
+    assert truncation_point(history, 0, 0, 12000) == 0
+
+
+def test_ha_state_file_round_trip(tmp_path: object) -> None:
+    path = str(tmp_path) + "/haState.json"  # type: ignore[operator]
+    state = HAState(path)
+    state.begin_epoch(1, 0)
+    state.begin_epoch(2, 777)
+    state.broker_role, state.broker_id = "SYNC_MASTER", 0
+    state.save()
+    again = HAState(path).load()
+    assert again.history == [(1, 0), (2, 777)] and again.master_epoch == 2 and again.broker_role == "SYNC_MASTER"
+    with pytest.raises(ValueError):
+        again.begin_epoch(2, 900)
+
+
+class _Store:
+    """What the wait reads of a store: nothing but the arrival hook."""
+
+    def __init__(self) -> None:
+        self.arrival_listeners: list[object] = []
+
+
+def _service(**kw: int) -> HAService:
+    return HAService(_Store(), HAState(None, history=[(1, 0)]), **kw)  # type: ignore[arg-type]
+
+
+async def test_sync_master_wait_one_ack_releases_every_covered_send() -> None:
+    svc = _service(slave_timeout_ms=3_000)
+    results: dict[int, PutMessageStatus] = {}
+
+    async def send(end: int) -> None:
+        results[end] = await svc.wait_for_slave(end)
+
+    assert await svc.wait_for_slave(10) is PutMessageStatus.SLAVE_NOT_AVAILABLE  # no slave connected
+    svc.connections.append(HAConnection("slave"))
+    async with trio.open_nursery() as nursery:
+        for end in (100, 200, 300):
+            nursery.start_soon(send, end)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not results and len(svc._waiters) == 3
+        svc.push_slave_max_offset = 250  # one report covering the first two sends
+        svc._release_waiters()
+        await trio.testing.wait_all_tasks_blocked()
+        assert results == {100: PutMessageStatus.PUT_OK, 200: PutMessageStatus.PUT_OK}
+        svc.push_slave_max_offset = 300
+        svc._release_waiters()
+    assert results[300] is PutMessageStatus.PUT_OK and svc.sync_ok == 3
+
+
+async def test_sync_master_wait_times_out_after_slave_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    svc = _service(slave_timeout_ms=3_000)
+    svc.connections.append(HAConnection("slave"))
+    t0 = trio.current_time()
+    assert await svc.wait_for_slave(100) is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+    assert trio.current_time() - t0 == pytest.approx(3.0)
+    assert svc.sync_timeouts == 1 and not svc._waiters
+    # a slave too far behind is not waited for
+    svc.fallbehind_max = 50
+    assert await svc.wait_for_slave(100) is PutMessageStatus.SLAVE_NOT_AVAILABLE
+
+
+async def test_a_slave_that_disconnects_releases_the_waits_as_slave_not_available() -> None:
+    svc = _service(slave_timeout_ms=3_000)
+    conn = HAConnection("slave")
+    svc.connections.append(conn)
+    out: list[PutMessageStatus] = []
+
+    async def send() -> None:
+        out.append(await svc.wait_for_slave(100))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        await trio.testing.wait_all_tasks_blocked()
+        svc.connections.remove(conn)
+        svc._release_waiters()
+    assert out == [PutMessageStatus.SLAVE_NOT_AVAILABLE]

@@ -422,7 +422,7 @@ async def test_two_brokers_merge_per_broker_answers(tmp_path: Path) -> None:
 
         async with Producer(ProducerConfig(namesrv_addr=ns, producer_group="adm_two_p")) as producer:
             for i in range(8):
-                await producer.send(Message(topic, f"m{i}".encode()))
+                await producer.send(Message(topic, f"m{i}".encode(), keys=f"k{i % 2}"))
         status = ok(await aadmin(ns, "topic", "status", "-t", topic))
         assert [(q["brokerName"], q["queueId"]) for q in status["queues"]] == [
             ("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1)]
@@ -461,6 +461,14 @@ async def test_two_brokers_merge_per_broker_answers(tmp_path: Path) -> None:
                 ("broker-a", consumer.client_id, True, 2), ("broker-b", consumer.client_id, True, 2)]
             # every message again (at least once: a reset replays, it does not promise exactly once)
             await wait_until(lambda: all(consumed.count(f"m{i}".encode()) >= 2 for i in range(8)))
+
+        # by key, in every topic of both brokers (the message index), then the topic goes from both and the route
+        found = ok(await aadmin(ns, "message", "query", "--key", "k1"))
+        assert sorted(m["body"] for m in found["messages"]) == ["m1", "m3", "m5", "m7"]
+        assert {m["brokerName"] for m in found["messages"]} == {"broker-a", "broker-b"}
+        gone = ok(await aadmin(ns, "topic", "delete", "-t", topic))
+        assert [b["brokerName"] for b in gone["brokers"]] == ["broker-a", "broker-b"] and gone["errors"] == []
+        assert topic not in [t["topic"] for t in ok(await aadmin(ns, "topic", "list"))["topics"]]
     finally:
         for p in procs:
             if p.poll() is None:

@@ -29,6 +29,9 @@ class BrokerLiveInfo:
     broker_name: str
     broker_id: int
     data_version: Any = None
+    #: HA (issue 15): the broker's replication port and the newest master epoch it knows.
+    ha_server_addr: str = ""
+    master_epoch: int = 0
 
 
 class RouteInfoManager:
@@ -53,6 +56,8 @@ class RouteInfoManager:
         now_ms: int,
         channel: Hashable | None = None,
         data_version: Any = None,
+        ha_server_addr: str = "",
+        master_epoch: int = 0,
     ) -> bool:
         """Add or refresh a broker; returns True when it was not registered before.
 
@@ -91,8 +96,27 @@ class RouteInfoManager:
             for topic, qd in queue_datas.items():
                 self.topic_queue_table.setdefault(topic, {})[broker_name] = qd
         self.broker_live_table[broker_addr] = BrokerLiveInfo(now_ms, channel, cluster, broker_name, broker_id,
-                                                             data_version)
+                                                             data_version, ha_server_addr, master_epoch)
         return first
+
+    def superseding_master(self, broker_name: str, broker_addr: str, master_epoch: int) -> BrokerLiveInfo | None:
+        """HA (issue 15): the live master of ``broker_name`` at another address with a newer master epoch than a
+        broker at ``broker_addr`` that registers as master with ``master_epoch`` (it was superseded by a
+        promotion: it must not take the master's place back, it becomes that master's slave); else None."""
+        bd = self.broker_addr_table.get(broker_name)
+        current = bd.broker_addrs.get(MASTER_ID) if bd is not None else None
+        if current is None or current == broker_addr:
+            return None
+        live = self.broker_live_table.get(current)
+        if live is None or live.master_epoch <= master_epoch:
+            return None
+        return live
+
+    def master_of(self, broker_name: str) -> tuple[str, BrokerLiveInfo | None]:
+        """The master address of ``broker_name`` ("" when none) and what it registered."""
+        bd = self.broker_addr_table.get(broker_name)
+        addr = bd.broker_addrs.get(MASTER_ID, "") if bd is not None else ""
+        return addr, self.broker_live_table.get(addr) if addr else None
 
     def unregister_broker(self, *, cluster: str, broker_addr: str, broker_name: str, broker_id: int) -> bool:
         """Remove one broker address; returns whether it was registered."""

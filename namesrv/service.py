@@ -117,19 +117,34 @@ class NameServer:
         table = body.get("topicConfigTable", {})
         if not isinstance(table, dict):
             raise RequestError(ResponseCode.SYSTEM_ERROR, "topicConfigTable must be a map")
+        ha_addr = cmd.ext.get("haServerAddr")
+        ha_addr = ha_addr if isinstance(ha_addr, str) else ""
+        epoch = cmd.ext.get("masterEpoch", 0)
+        epoch = epoch if type(epoch) is int else 0
+        newer = self.routes.superseding_master(name, addr, epoch) if bid == 0 else None
+        if newer is not None:
+            # HA (issue 15): a master superseded by a promotion comes back; it is told who the master is (it
+            # becomes its slave and registers again as one) and does not take the route back.
+            master, _ = self.routes.master_of(name)
+            log.warning("namesrv.superseded_master", broker_addr=addr, broker_name=name, master_epoch=epoch,
+                        master=master, newer_master_epoch=newer.master_epoch)
+            return RemotingCommand.response_to(cmd, ext={"masterAddr": master, "haServerAddr": newer.ha_server_addr,
+                                                         "masterEpoch": newer.master_epoch})
         try:
             first = self.routes.register_broker(
                 cluster=cluster, broker_addr=addr, broker_name=name, broker_id=bid, topic_config_table=table,
-                now_ms=_now_ms(), channel=conn.id, data_version=body.get("dataVersion"),
+                now_ms=_now_ms(), channel=conn.id, data_version=body.get("dataVersion"), ha_server_addr=ha_addr,
+                master_epoch=epoch,
             )
         except ValueError as exc:
             raise RequestError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
         if first:
             log.info("namesrv.broker_registered", broker_addr=addr, broker_name=name, cluster=cluster,
                      broker_id=bid, topics=len(table), remote=conn.remote)
-        bd = self.routes.broker_addr_table.get(name)
-        master = bd.broker_addrs.get(0, "") if bd else ""
-        return RemotingCommand.response_to(cmd, ext={"masterAddr": master, "haServerAddr": ""})
+        master, live = self.routes.master_of(name)
+        return RemotingCommand.response_to(cmd, ext={
+            "masterAddr": master, "haServerAddr": live.ha_server_addr if live is not None else "",
+            "masterEpoch": live.master_epoch if live is not None else 0})
 
     async def unregister_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         addr, name, cluster, bid = self._broker_fields(cmd.ext)
@@ -161,7 +176,8 @@ class NameServer:
         live = {
             addr: {"cluster": info.cluster, "brokerName": info.broker_name, "brokerId": info.broker_id,
                    "lastUpdateTimestamp": wall - (now - info.last_update_ms), "ageMs": now - info.last_update_ms,
-                   "embedded": info.channel is None}
+                   "embedded": info.channel is None, "haServerAddr": info.ha_server_addr,
+                   "masterEpoch": info.master_epoch}
             for addr, info in sorted(self.routes.broker_live_table.items())
         }
         topics: dict[str, list[str]] = {}

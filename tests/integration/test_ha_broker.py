@@ -106,3 +106,74 @@ async def test_sync_master_waits_for_its_slave(broker_factory: Callable[..., Any
             assert slave.store.commitlog.max_offset >= master.store.commitlog.max_offset
         svc = master.ha_controller.service
         assert svc.slave_not_available >= 1 and svc.sync_timeouts == 1 and svc.sync_ok >= 1
+
+
+def _log_bytes(b: Broker, end: int) -> bytes:
+    out = bytearray()
+    for seg in b.store.commitlog.segments:
+        if seg.start < end:
+            out += seg.path.read_bytes()[: min(end, seg.end) - seg.start]
+    return bytes(out)
+
+
+async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
+        tmp_path: Any) -> None:
+    from trimq.client.admin import open_admin
+
+    a_dir, b_dir = str(tmp_path / "a"), str(tmp_path / "b")
+    async with namesrv_factory() as ns:
+        common = {"namesrv_addr": ns.address, "broker_name": "broker-a"}
+        slave_cfg = {**common, "store_dir": b_dir, "broker_role": "SLAVE", "broker_id": 1}
+        # 1. a pair: the slave finds its master through the name server and copies it
+        async with broker_factory(store_dir=a_dir, **common) as a:
+            async with broker_factory(**slave_cfg) as b:
+                for i in range(10):
+                    assert (await send(rclient, a.address, "T", i % 2, b"both%d" % i)).code == ResponseCode.SUCCESS
+                await caught_up(a, b)
+                promoted_at = b.store.commitlog.max_offset
+            # 2. the slave is gone; the master writes a tail the slave never gets, then dies
+            for i in range(5):
+                assert (await send(rclient, a.address, "T", 0, b"tail%d" % i)).code == ResponseCode.SUCCESS
+            old_end = a.store.commitlog.max_offset
+            old_broker_epoch = a.lock_manager.broker_epoch
+        assert old_end > promoted_at
+        # 3. the slave is promoted and takes writes under master epoch 2
+        async with broker_factory(**slave_cfg) as b:
+            await b.register_service.registered.wait()
+            async with open_admin(ns.address) as admin:
+                result = await admin.broker_promote("broker-a", 1)
+            assert (result.broker_role, result.master_epoch, result.max_offset) == ("ASYNC_MASTER", 2, promoted_at)
+            assert b.ha_controller.role == "ASYNC_MASTER" and b.ha_controller.broker_id == 0
+            assert b.lock_manager.broker_epoch > old_broker_epoch  # its lock epochs exceed the old master's
+            assert b.lock_manager.in_restart_grace()  # no lock table: the lease restart grace first
+            assert b.ha_controller.state.history == [(1, 0), (2, promoted_at)]
+            for i in range(3):
+                r = await send(rclient, b.address, "T", i % 2, b"new%d" % i)
+                assert r.code == ResponseCode.SUCCESS, r.remark
+            with trio.fail_after(10):  # registered as the master of broker-a
+                while ns.routes.master_of("broker-a")[0] != b.address:
+                    await trio.sleep(0.01)
+            # 4. the old master comes back as ASYNC_MASTER: superseded, it becomes a slave and cuts its tail
+            async with broker_factory(store_dir=a_dir, **common) as a:
+                with trio.fail_after(10):
+                    while a.ha_controller.role != "SLAVE" or not a.ha_controller.client.connected:
+                        await trio.sleep(0.01)
+                await caught_up(b, a)
+                end = b.store.commitlog.max_offset
+                assert a.store.commitlog.max_offset == end
+                assert _log_bytes(a, end) == _log_bytes(b, end)
+                assert a.ha_controller.state.history == [(1, 0), (2, promoted_at)]
+                r = await send(rclient, a.address, "T", 0, b"refused")
+                assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and b.address in (r.remark or "")
+                assert ns.routes.master_of("broker-a")[0] == b.address
+                # no unit of the cut tail is left: the old master's queue 0 reads what the new master has
+                pull = {"consumerGroup": "cg", "topic": "T", "queueId": 0, "queueOffset": 0, "maxMsgNums": 32,
+                        "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0, "subscription": "*",
+                        "subVersion": 0}
+                on_a = await call(rclient, a.address, RC.PULL_MESSAGE, pull)
+                on_b = await call(rclient, b.address, RC.PULL_MESSAGE, pull)
+                assert on_a.body == on_b.body and b"tail" not in on_a.body
+        # the demotion is durable: the old master restarts as a slave
+        async with broker_factory(store_dir=a_dir, **common) as a:
+            assert a.ha_controller.role == "SLAVE" and a.ha_controller.broker_id == 1

@@ -151,6 +151,7 @@ class Broker:
             offsets=self.offset_manager, schedule=self.schedule_message_service, locks=self.lock_manager,
             epoch_store=self.coordination_service.epoch_store, address=self.advertised_host)
         self.register_service.ha = self.ha_controller
+        self.basic_service.ha_status = self.ha_controller.status
         self.ha_controller.listeners.append(self.register_service.wake)
         self.services.append(self.ha_controller)
         self.metrics: BrokerMetrics | None = None

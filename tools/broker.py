@@ -24,6 +24,9 @@ from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, run_until_signa
 @click.option("--broker-name", help="Broker name (default broker-a).")
 @click.option("--cluster-name", help="Cluster name (default DefaultCluster).")
 @click.option("--flush", type=click.Choice(["async", "sync"]), help="ASYNC_FLUSH (default) or SYNC_FLUSH.")
+@click.option("--role", type=click.Choice(["async_master", "sync_master", "slave"], case_sensitive=False),
+              help="broker_role: ASYNC_MASTER (default), SYNC_MASTER or SLAVE (docs/OPERATIONS.md).")
+@click.option("--broker-id", type=int, help="broker_id: 0 for a master (default), > 0 for a slave.")
 @click.option("--metrics-port", type=int, help="Prometheus metrics port (0 = off).")
 @click.option("--tls-cert", "tls_cert_file", type=click.Path(dir_okay=False),
               help="PEM certificate to serve TLS with (clients must then use TLS).")
@@ -40,7 +43,8 @@ from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, run_until_signa
 @click.option("--log-format", type=LOG_FORMATS, default="auto", show_default=True)
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)
 def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, embedded_namesrv: bool | None,
-         broker_name: str | None, cluster_name: str | None, flush: str | None, metrics_port: int | None,
+         broker_name: str | None, cluster_name: str | None, flush: str | None, role: str | None,
+         broker_id: int | None, metrics_port: int | None,
          tls_cert_file: str | None, tls_key_file: str | None, tls_ca_file: str | None,
          tls_require_client_cert: bool | None, acl_file: str | None,
          config_file: str | None, print_config: bool, log_format: str, log_level: str) -> None:
@@ -54,6 +58,7 @@ def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, em
         "listen": listen, "store_dir": store_dir, "namesrv_addr": namesrv_addr,
         "embedded_namesrv": embedded_namesrv, "broker_name": broker_name, "cluster_name": cluster_name,
         "flush_disk_type": {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH"}.get(flush or ""),
+        "broker_role": role.upper() if role else None, "broker_id": broker_id,
         "metrics_port": metrics_port,
         "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file, "tls_ca_file": tls_ca_file,
         "tls_require_client_cert": tls_require_client_cert, "acl_file": acl_file,

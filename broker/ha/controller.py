@@ -293,8 +293,8 @@ class HAController:
     async def on_register_answer(self, ext: dict[str, Any]) -> None:
         """A name server's REGISTER_BROKER answer: a slave learns its master's addresses; a master that the name
         server knows to be superseded (a master of a newer epoch for this broker name) becomes its slave."""
-        master = ext.get("masterAddr") if isinstance(ext.get("masterAddr"), str) else ""
-        master_ha = ext.get("haServerAddr") if isinstance(ext.get("haServerAddr"), str) else ""
+        master = str(ext.get("masterAddr") or "")
+        master_ha = str(ext.get("haServerAddr") or "")
         epoch = ext.get("masterEpoch", 0)
         epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
         own = self._own_addr()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sized
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -28,6 +28,8 @@ class BasicService:
         self.config = config
         self.connections = connections
         self.started_at = time.time()
+        #: The HA role and replication progress (broker/ha/controller.py HAController.status), set by the root.
+        self.ha_status: Callable[[], dict[str, Any]] | None = None
         registry.register(RequestCode.GET_BROKER_RUNTIME_INFO, self.get_runtime_info)
 
     async def start(self) -> None:
@@ -56,4 +58,6 @@ class BasicService:
             "connections": len(self.connections),
             "flushDiskType": cfg.flush_disk_type,
         }
+        if self.ha_status is not None:
+            body["ha"] = self.ha_status()
         return RemotingCommand.response_to(cmd, body=body)

@@ -177,3 +177,19 @@ async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
         # the demotion is durable: the old master restarts as a slave
         async with broker_factory(store_dir=a_dir, **common) as a:
             assert a.ha_controller.role == "SLAVE" and a.ha_controller.broker_id == 1
+
+
+async def test_runtime_info_shows_the_role_and_cli_flags_set_it(broker_factory: Callable[..., Any],
+                                                                  rclient: RemotingClient) -> None:
+    from click.testing import CliRunner
+
+    from trimq.tools.broker import main
+
+    out = CliRunner().invoke(main, ["--role", "slave", "--broker-id", "2", "--print-config"])
+    assert out.exit_code == 0, out.output
+    assert '"broker_role": "SLAVE"' in out.output and '"broker_id": 2' in out.output
+    async with broker_factory(broker_role="SYNC_MASTER") as master:
+        r = await call(rclient, master.address, RC.GET_BROKER_RUNTIME_INFO)
+        ha = r.body["ha"]
+        assert ha["brokerRole"] == "SYNC_MASTER" and ha["brokerId"] == 0 and ha["masterEpoch"] == 1
+        assert ha["slaves"] == 0 and ha["haServerAddr"] == master.ha_controller.ha_server_addr

@@ -123,8 +123,8 @@ def broker_addr(args: Any) -> str:
 
 def broker_env(args: Any) -> dict[str, str]:
     env = dict(os.environ)
-    env["TRIMQ_MAX_TRANSFER_COUNT_ON_MESSAGE_IN_MEMORY"] = str(args.trimq_max_transfer)
-    env["TRIMQ_MAX_TRANSFER_BYTES_ON_MESSAGE_IN_MEMORY"] = str(args.trimq_max_transfer_kib * 1024)
+    env["TRIMQ_BROKER_MAX_TRANSFER_COUNT_ON_MESSAGE_IN_MEMORY"] = str(args.trimq_max_transfer)
+    env["TRIMQ_BROKER_MAX_TRANSFER_BYTES_ON_MESSAGE_IN_MEMORY"] = str(args.trimq_max_transfer_kib * 1024)
     return env
 
 

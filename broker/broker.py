@@ -131,7 +131,10 @@ class Broker:
         self.admin_forward_service = AdminForwardService(
             registry=server, broker_name=config.broker_name, store=self.store, topics=topics,
             offsets=self.offset_manager, offset_persister=self.coordination_service,
-            consumers=self.consumer_manager, locks=self.lock_manager)
+            consumers=self.consumer_manager, locks=self.lock_manager,
+            running_info_timeout_s=config.admin_running_info_timeout_ms / 1000,
+            skip_timeout_s=config.admin_skip_message_timeout_ms / 1000,
+            reset_timeout_s=config.admin_reset_offset_timeout_ms / 1000)
         self.admin_groups_service = AdminGroupsService(
             registry=server, store=self.store, topics=topics, groups=groups, offsets=self.offset_manager,
             offset_persister=self.coordination_service)
@@ -155,7 +158,7 @@ class Broker:
         self.ha_controller.listeners.append(self.register_service.wake)
         self.services.append(self.ha_controller)
         self.metrics: BrokerMetrics | None = None
-        if config.metrics_port:  # installs its hooks before anything is served
+        if config.metrics_port >= 0:  # installs its hooks before anything is served (0: any free port)
             collector = BrokerCollector(
                 config=config, server=server, store=self.store, topics=topics, offsets=self.offset_manager,
                 consumers=self.consumer_manager, locks=self.lock_manager, send=self.send_service,

@@ -1,12 +1,13 @@
 """Broker configuration: every setting with its default, its allowed range and what it means.
 
-Sources, weakest first: defaults, a TOML file (``--config``), ``TRIMQ_*`` environment variables, flags.
+Sources, weakest first: defaults, a TOML file (``--config``), ``TRIMQ_BROKER_*`` environment variables, flags.
 An invalid value raises ConfigError naming the setting, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from trimq.protocol.address import parse_address
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES
@@ -16,6 +17,11 @@ from trimq.runtime.settings import ConfigError, setting, validate_dataclass
 @dataclass
 class BrokerConfig:
     """Settings of one broker process (names follow RocketMQ's BrokerConfig/MessageStoreConfig in snake_case)."""
+
+    #: Environment variables: ``TRIMQ_BROKER_`` + the setting's name in capitals. The unprefixed ``TRIMQ_<NAME>``
+    #: of earlier versions is refused: several of those names also meant client settings (docs/CONFIGURATION.md).
+    ENV_PREFIX: ClassVar[str] = "TRIMQ_BROKER_"
+    RETIRED_ENV_PREFIX: ClassVar[str] = "TRIMQ_"
 
     listen: str = setting("127.0.0.1:10911", "HOST:PORT to listen on; port 0 picks a free port")
     store_dir: str = setting("./store", "store directory (commitlog/, consumequeue/, config/)")
@@ -58,7 +64,8 @@ class BrokerConfig:
     register_broker_interval_ms: int = setting(30_000, "re-register with the name server this often",
                                                min=1_000, max=600_000)
     shutdown_grace_ms: int = setting(5_000, "on SIGTERM, how long in-flight requests may finish", min=0, max=600_000)
-    metrics_port: int = setting(0, "Prometheus metrics HTTP port; 0 = off", min=0, max=65535)
+    metrics_port: int = setting(-1, "Prometheus metrics HTTP port; 0 = any free port (logged as metrics.started), "
+                                "-1 = off", min=0, max=65535, also=(-1,))
     metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
     # -- storage, send/pull, name server registration (issue 3)
     broker_ip: str = setting("", "address written into records (store host) and registered with name servers; "
@@ -119,6 +126,15 @@ class BrokerConfig:
                                               min=1_000, max=3_600_000)
     client_housekeeping_interval_ms: int = setting(10_000, "how often silent clients are looked for",
                                                    min=100, max=600_000)
+    # -- requests the broker forwards to a group's members for trimq-admin (broker/processors/admin_forward.py)
+    admin_running_info_timeout_ms: int = setting(5_000, "GET_CONSUMER_RUNNING_INFO forwarded to a member "
+                                                 "(consumer status): how long it may take to answer (RocketMQ: "
+                                                 "5 s)", min=100, max=600_000)
+    admin_skip_message_timeout_ms: int = setting(15_000, "SKIP_MESSAGE forwarded to a member (consumer skip): how "
+                                                 "long it may take (it waits up to 5 s for the queue's batch, "
+                                                 "then sends the message back)", min=100, max=600_000)
+    admin_reset_offset_timeout_ms: int = setting(10_000, "an online offset reset: how long each member may take to "
+                                                 "apply RESET_CONSUMER_CLIENT_OFFSET", min=100, max=600_000)
     # -- queue-lock leases (issue 14, docs/PROTOCOL.md "Queue-lock leases", docs/OPERATIONS.md "Leases")
     lock_profile: str = setting("lease", "'lease': queue locks are leases of lease_ms, taken over after lease_ms "
                                 "+ lease_drift_percent + lease_margin_ms, released lock_disconnect_grace_ms after a "

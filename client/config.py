@@ -19,7 +19,7 @@ import datetime as _dt
 import os
 import tomllib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from trimq.protocol.address import parse_address
 from trimq.protocol.validation import InvalidNameError, check_group
@@ -59,6 +59,12 @@ _MIB = 1024 * 1024
 @dataclass
 class ClientConfig:
     """Settings shared by everything in one client process (RocketMQ's ``ClientConfig``)."""
+
+    #: Environment variables (:func:`load_client_settings`): ``TRIMQ_CLIENT_`` + the setting's name in capitals,
+    #: for the producer and the consumer alike. The unprefixed ``TRIMQ_<NAME>`` of earlier versions is refused:
+    #: several of those names also meant broker settings (docs/CONFIGURATION.md).
+    ENV_PREFIX: ClassVar[str] = "TRIMQ_CLIENT_"
+    RETIRED_ENV_PREFIX: ClassVar[str] = "TRIMQ_"
 
     namesrv_addr: str = setting("", "name server HOST:PORT list separated by ';'")
     instance_name: str = setting("", "appended to the client id (ip@pid@instance_name) when set")
@@ -227,7 +233,7 @@ class PushConsumerConfig(ClientConfig):
                                            "lock (nothing of the queue is being consumed), so 0 unlocks at once",
                                            min=0, max=600_000)
     local_offset_store_dir: str = setting("", "BROADCASTING: directory of the local offset files; empty = "
-                                          "$TRIMQ_LOCAL_OFFSET_STORE_DIR or ~/.trimq_offsets")
+                                          "$TRIMQ_CLIENT_LOCAL_OFFSET_STORE_DIR or ~/.trimq_offsets")
     consume_lock_wait_millis: int = setting(1000, "orderly: how long a rebalance waits for a queue's "
                                             "consume lock before giving up removing it", min=0, max=600_000)
 
@@ -283,11 +289,11 @@ def load_client_settings(
     cls: type[Any],
     *,
     config_file: str | None = None,
-    env_prefix: str = "TRIMQ_",
+    env_prefix: str | None = None,
     overrides: dict[str, Any] | None = None,
     section: str | None = None,
 ) -> Any:
-    """Build a client config from defaults < TOML file (optionally one ``[section]``) < ``TRIMQ_*``
+    """Build a client config from defaults < TOML file (optionally one ``[section]``) < ``TRIMQ_CLIENT_*``
     environment < ``overrides`` (command-line flags; None values are ignored), validated; the same rules as
     the daemons' (runtime.settings.build_settings)."""
     data = None

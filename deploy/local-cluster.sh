@@ -18,8 +18,8 @@
 #   TRIMQ_CLUSTER_ORDERLY       1 = orderly consumers (queue locks)
 #   TRIMQ_CLUSTER_START_TIMEOUT seconds to wait for each daemon to serve (default 30)
 #   TRIMQ_CLUSTER_STOP_TIMEOUT  seconds to wait for each process after SIGTERM before SIGKILL (default 30)
-#   TRIMQ_*                     any setting (docs/CONFIGURATION.md) reaches every daemon, e.g.
-#                               TRIMQ_FLUSH_DISK_TYPE=SYNC_FLUSH
+#   TRIMQ_BROKER_*, TRIMQ_NAMESRV_*, TRIMQ_CLIENT_*  any setting (docs/CONFIGURATION.md) of the brokers, the
+#                               name server, the consumers, e.g. TRIMQ_BROKER_FLUSH_DISK_TYPE=SYNC_FLUSH
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,7 +42,7 @@ STOP_TIMEOUT=${TRIMQ_CLUSTER_STOP_TIMEOUT:-30}
 PIDS=$STATE/pids
 ADDRS=$STATE/addresses
 # Small commit-log segments unless asked otherwise: a development cluster needs no 1 GiB files.
-export TRIMQ_MAPPED_FILE_SIZE_COMMIT_LOG=${TRIMQ_MAPPED_FILE_SIZE_COMMIT_LOG:-67108864}
+export TRIMQ_BROKER_MAPPED_FILE_SIZE_COMMIT_LOG=${TRIMQ_BROKER_MAPPED_FILE_SIZE_COMMIT_LOG:-67108864}
 
 die() { echo "local-cluster: $*" >&2; exit 1; }
 say() { echo "local-cluster: $*"; }

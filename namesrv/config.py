@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from trimq.namesrv.routes import BROKER_CHANNEL_EXPIRED_MS
 from trimq.protocol.address import parse_address
@@ -15,7 +16,11 @@ __all__ = ["NamesrvConfig"]
 
 @dataclass
 class NamesrvConfig:
-    """Settings of a standalone name server (``[namesrv]`` section of a TOML file, ``TRIMQ_*`` env)."""
+    """Settings of a standalone name server (``[namesrv]`` section of a TOML file, ``TRIMQ_NAMESRV_*`` env)."""
+
+    #: Environment variables: ``TRIMQ_NAMESRV_`` + the setting's name in capitals (the broker's are
+    #: ``TRIMQ_BROKER_*``, the clients' ``TRIMQ_CLIENT_*``).
+    ENV_PREFIX: ClassVar[str] = "TRIMQ_NAMESRV_"
 
     listen: str = setting("127.0.0.1:9876", "HOST:PORT to listen on; port 0 picks a free port")
     broker_channel_expired_ms: int = setting(BROKER_CHANNEL_EXPIRED_MS, "drop a broker silent this long",
@@ -27,7 +32,8 @@ class NamesrvConfig:
     max_connections: int = setting(10_000, "concurrent connections", min=1, max=1_000_000)
     shutdown_grace_ms: int = setting(2_000, "on SIGTERM, how long in-flight requests may finish", min=0,
                                      max=600_000)
-    metrics_port: int = setting(0, "Prometheus metrics HTTP port; 0 = off", min=0, max=65535)
+    metrics_port: int = setting(-1, "Prometheus metrics HTTP port; 0 = any free port (logged as metrics.started), "
+                                "-1 = off", min=0, max=65535, also=(-1,))
     metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
     tls_cert_file: str = setting("", "PEM certificate the name server presents; set = peers must use TLS")
     tls_key_file: str = setting("", "PEM private key of tls_cert_file (empty: the key is in that file)")

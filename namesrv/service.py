@@ -220,7 +220,7 @@ async def serve_namesrv(config: NamesrvConfig, *,
                             max_connections=config.max_connections, shutdown_grace_s=config.shutdown_grace_ms / 1000)
     ns = NameServer(server, expire_ms=config.broker_channel_expired_ms,
                     scan_interval_ms=config.scan_not_active_broker_interval_ms)
-    if config.metrics_port:
+    if config.metrics_port >= 0:  # 0: any free port
         ns.metrics = NamesrvMetrics(ns.routes, server, config.metrics_host, config.metrics_port)
     ssl_context = None
     if config.tls_cert_file:

@@ -89,15 +89,61 @@ def coerce(f: dataclasses.Field[Any], raw: str) -> Any:
     return raw
 
 
+def env_prefix_of(cls: type[Any]) -> str:
+    """The environment prefix of a settings class: its ``ENV_PREFIX`` (``TRIMQ_BROKER_``, ``TRIMQ_NAMESRV_``,
+    ``TRIMQ_CLIENT_``), one per program so that no variable means two things in one environment."""
+    return str(getattr(cls, "ENV_PREFIX", "TRIMQ_"))
+
+
+def env_var(cls: type[Any], name: str) -> str:
+    """The environment variable of setting ``name`` of ``cls`` (its prefix + the name in capitals)."""
+    return env_prefix_of(cls) + name.upper()
+
+
+def retired_env_vars(cls: type[Any], environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(old, new)`` for each variable of ``environ`` named as ``cls`` used to read it (its
+    ``RETIRED_ENV_PREFIX`` + the setting's name: ``TRIMQ_MAX_MESSAGE_SIZE`` meant the broker's limit to the
+    broker and the client's to the clients)."""
+    retired = getattr(cls, "RETIRED_ENV_PREFIX", None)
+    if not retired:
+        return []
+    fields = dataclasses.fields(cls)
+    current = {env_var(cls, f.name) for f in fields}
+    out = []
+    for f in fields:
+        old = retired + f.name.upper()
+        if old in environ and old not in current:
+            out.append((old, env_var(cls, f.name)))
+    return out
+
+
+def refuse_retired_env_vars(cls: type[Any], environ: Mapping[str, str]) -> None:
+    """ConfigError naming the new variable when ``environ`` holds a retired name of a ``cls`` setting."""
+    found = retired_env_vars(cls, environ)
+    if len(found) == 1:
+        what = f"environment variable {found[0][0]} is no longer read: use {found[0][1]}"
+    elif found:
+        what = "environment variables no longer read: " + ", ".join(f"{old} (use {new})" for old, new in found)
+    else:
+        return
+    raise ConfigError(f"{what}; each program reads its own prefix (TRIMQ_BROKER_, TRIMQ_NAMESRV_, TRIMQ_CLIENT_): "
+                      "docs/CONFIGURATION.md")
+
+
 def build_settings(cls: type[Any], *, file_data: Mapping[str, Any] | None = None, file_name: str = "",
-                   environ: Mapping[str, str] | None = None, env_prefix: str = "TRIMQ_",
+                   environ: Mapping[str, str] | None = None, env_prefix: str | None = None,
                    overrides: Mapping[str, Any] | None = None, section: str | None = None) -> Any:
     """A validated ``cls`` from defaults < ``file_data`` (a parsed TOML document) < ``environ`` < ``overrides``.
 
     The document holds the settings at the top level or in a ``[section]`` table; a table that is not one of
     :data:`CONFIG_SECTIONS` is refused (a misspelt ``[brokr]`` would otherwise be silently ignored), and so is
     a document holding only other programs' tables. ``None`` overrides (flags not given) are ignored.
+    Environment variables are ``env_prefix`` (default: the class's, :func:`env_prefix_of`) + the setting's name
+    in capitals; a retired name of one of the class's settings is refused (:func:`refuse_retired_env_vars`).
     """
+    refuse_retired_env_vars(cls, environ or {})
+    if env_prefix is None:
+        env_prefix = env_prefix_of(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -169,7 +215,7 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
-def load_settings(cls: type[Any], *, config_file: str | None = None, env_prefix: str = "TRIMQ_",
+def load_settings(cls: type[Any], *, config_file: str | None = None, env_prefix: str | None = None,
                   overrides: dict[str, Any] | None = None, section: str | None = None) -> Any:
     """Build a settings dataclass from defaults < TOML file < environment < ``overrides`` (flags), validated
     (:func:`build_settings` has the rules)."""

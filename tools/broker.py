@@ -27,7 +27,8 @@ from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, run_until_signa
 @click.option("--role", type=click.Choice(["async_master", "sync_master", "slave"], case_sensitive=False),
               help="broker_role: ASYNC_MASTER (default), SYNC_MASTER or SLAVE (docs/OPERATIONS.md).")
 @click.option("--broker-id", type=int, help="broker_id: 0 for a master (default), > 0 for a slave.")
-@click.option("--metrics-port", type=int, help="Prometheus metrics port (0 = off).")
+@click.option("--metrics-port", type=int,
+              help="Serve Prometheus metrics on this port (0 = any free port, logged; default off).")
 @click.option("--tls-cert", "tls_cert_file", type=click.Path(dir_okay=False),
               help="PEM certificate to serve TLS with (clients must then use TLS).")
 @click.option("--tls-key", "tls_key_file", type=click.Path(dir_okay=False),
@@ -50,7 +51,8 @@ def main(listen: str | None, store_dir: str | None, namesrv_addr: str | None, em
          config_file: str | None, print_config: bool, log_format: str, log_level: str) -> None:
     """Run a trimq broker until SIGINT/SIGTERM (graceful stop, exit status 0).
 
-    Settings come from defaults, then --config FILE (TOML), then TRIMQ_* environment variables, then flags.
+    Settings come from defaults, then --config FILE (TOML), then TRIMQ_BROKER_* environment variables, then
+    flags.
     The address actually listened on is logged and written to STORE/broker.addr.
     """
     configure_logging(log_format, log_level)

@@ -74,7 +74,7 @@ def exit_on_error(tool: str, exc: BaseException) -> NoReturn:
 
 def load_client_config(tool: str, cls: type[Any], config_file: str | None, section: str,
                        overrides: dict[str, Any]) -> Any:
-    """A client config from defaults < ``--config`` [section] < TRIMQ_* environment < flags; a bad one
+    """A client config from defaults < ``--config`` [section] < TRIMQ_CLIENT_* environment < flags; a bad one
     exits 2 with the reason."""
     try:
         return load_client_settings(cls, config_file=config_file, section=section, overrides=overrides)

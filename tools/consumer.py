@@ -246,7 +246,7 @@ def main(namesrv_addr: str | None, consumer_group: str | None, topic: str, tags:
     """Consume TOPIC in consumer group GROUP until SIGINT/SIGTERM (graceful shutdown, exit status 0).
 
     Without --handler every message is printed as a JSON line (or recorded with --record). Settings:
-    defaults < --config [consumer] < TRIMQ_* environment < flags.
+    defaults < --config [consumer] < TRIMQ_CLIENT_* environment < flags.
     """
     configure_logging(log_format, log_level)
     if consume_timestamp and from_where not in (None, "timestamp"):
@@ -259,7 +259,7 @@ def main(namesrv_addr: str | None, consumer_group: str | None, topic: str, tags:
         "instance_name": instance_name,
     })
     if not config.namesrv_addrs:
-        fail("trimq-consumer", "no name server: pass --namesrv HOST:PORT (or set TRIMQ_NAMESRV_ADDR)")
+        fail("trimq-consumer", "no name server: pass --namesrv HOST:PORT (or set TRIMQ_CLIENT_NAMESRV_ADDR)")
     try:
         from trimq.protocol.validation import InvalidNameError, check_topic
 

@@ -16,7 +16,8 @@ from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, run_until_signa
 @click.command(context_settings=CONTEXT)
 @version_option("trimq-namesrv")
 @click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9876; port 0 = any free port).")
-@click.option("--metrics-port", type=int, help="Prometheus metrics port (0 = off).")
+@click.option("--metrics-port", type=int,
+              help="Serve Prometheus metrics on this port (0 = any free port, logged; default off).")
 @click.option("--tls-cert", "tls_cert_file", help="PEM certificate to serve TLS with (docs/SECURITY.md).")
 @click.option("--tls-key", "tls_key_file", help="PEM private key of --tls-cert (if not in that file).")
 @click.option("--tls-ca", "tls_ca_file", help="PEM CA bundle verifying client certificates.")

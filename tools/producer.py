@@ -360,14 +360,14 @@ def main(namesrv_addr: str | None, topic: str, count: int, keys: int, body_size:
     """Send COUNT messages to TOPIC and print a summary (exit status 0 when all were acknowledged).
 
     Bodies carry {"key", "seq"} as a JSON first line (see trimq.tools.records). Settings: defaults < --config
-    [producer] < TRIMQ_* environment < flags.
+    [producer] < TRIMQ_CLIENT_* environment < flags.
     """
     configure_logging(log_format, log_level)
     config = load_client_config("trimq-producer", ProducerConfig, config_file, "producer", {
         "namesrv_addr": namesrv_addr, "producer_group": producer_group, "instance_name": instance_name,
     })
     if not config.namesrv_addrs:
-        fail("trimq-producer", "no name server: pass --namesrv HOST:PORT (or set TRIMQ_NAMESRV_ADDR)")
+        fail("trimq-producer", "no name server: pass --namesrv HOST:PORT (or set TRIMQ_CLIENT_NAMESRV_ADDR)")
     opts = ProducerOptions(topic=topic, count=count, keys=keys, body_size=body_size, orderly=orderly, record=record,
                            rate=rate, batch=batch, tag=tag, delay_level=delay_level, inflight=inflight, queues=queues,
                            progress=progress)

@@ -52,6 +52,8 @@ log = get_logger("trimq.broker.admin_forward")
 
 __all__ = ["AdminForwardService", "compute_reset_offsets"]
 
+# The defaults of the broker settings admin_running_info_timeout_ms, admin_skip_message_timeout_ms and
+# admin_reset_offset_timeout_ms (broker/config.py), in seconds.
 RUNNING_INFO_TIMEOUT_S = 5.0
 """How long a member may take to answer GET_CONSUMER_RUNNING_INFO (RocketMQ: 5 s)."""
 SKIP_TIMEOUT_S = 15.0
@@ -108,8 +110,12 @@ class AdminForwardService(HandlerService):
 
     def __init__(self, *, registry: HandlerRegistry, broker_name: str, store: QueueOffsets, topics: Topics,
                  offsets: ConsumerOffsets, offset_persister: OffsetPersister, consumers: ConsumerChannels,
-                 locks: LockOwners) -> None:
+                 locks: LockOwners, running_info_timeout_s: float = RUNNING_INFO_TIMEOUT_S,
+                 skip_timeout_s: float = SKIP_TIMEOUT_S, reset_timeout_s: float = RESET_TIMEOUT_S) -> None:
         self.broker_name = broker_name
+        self.running_info_timeout_s = running_info_timeout_s
+        self.skip_timeout_s = skip_timeout_s
+        self.reset_timeout_s = reset_timeout_s
         self.store = store
         self.topics = topics
         self.offsets = offsets
@@ -170,7 +176,7 @@ class AdminForwardService(HandlerService):
         if "jstackEnable" in ext:
             fwd["jstackEnable"] = ext["jstackEnable"]
         resp = await self._call_client(target, RequestCode.GET_CONSUMER_RUNNING_INFO, fwd, None,
-                                       RUNNING_INFO_TIMEOUT_S, f"consumer {client_id} of group {group}")
+                                       self.running_info_timeout_s, f"consumer {client_id} of group {group}")
         self.stats["running_info_forwarded"] += 1
         return self._passed_back(cmd, resp)
 
@@ -179,7 +185,7 @@ class AdminForwardService(HandlerService):
         try:
             resp = await self._call_client(conn, RequestCode.GET_CONSUMER_RUNNING_INFO,
                                            {"consumerGroup": group, "clientId": client_id}, None,
-                                           RUNNING_INFO_TIMEOUT_S, f"consumer {client_id}")
+                                           self.running_info_timeout_s, f"consumer {client_id}")
         except RequestError:
             return None
         if resp.code != ResponseCode.SUCCESS or not isinstance(resp.body, dict):
@@ -208,7 +214,7 @@ class AdminForwardService(HandlerService):
         client_id, target, how = await self._queue_holder(group, mq, ext.get("clientId"))
         fwd = {"consumerGroup": group, "topic": topic, "brokerName": self.broker_name, "queueId": queue_id,
                "queueOffset": offset}
-        resp = await self._call_client(target, RequestCode.SKIP_MESSAGE, fwd, None, SKIP_TIMEOUT_S,
+        resp = await self._call_client(target, RequestCode.SKIP_MESSAGE, fwd, None, self.skip_timeout_s,
                                        f"consumer {client_id} of group {group}")
         self.stats["skips_forwarded"] += 1
         log.warning("admin.skip_forwarded", group=group, mq=str(mq), offset=offset, client_id=client_id, found_by=how,
@@ -304,7 +310,7 @@ class AdminForwardService(HandlerService):
                 clients.append(entry)
                 try:
                     resp = await self._call_client(c, RequestCode.RESET_CONSUMER_CLIENT_OFFSET, fwd,
-                                                   {"offsetTable": table}, RESET_TIMEOUT_S, f"consumer {cid}")
+                                                   {"offsetTable": table}, self.reset_timeout_s, f"consumer {cid}")
                 except RequestError as exc:
                     entry["remark"] = exc.remark
                     return

@@ -70,7 +70,7 @@ GROUP = "chaos_orderly"
 BROKERS = ("broker-a", "broker-b")
 SLOTS = ("c1", "c2", "c3")
 
-#: Broker settings (``TRIMQ_*``): queue locks are the default 2 s leases (issue 14; an orderly member leaves
+#: Broker settings (``TRIMQ_BROKER_*``): queue locks are the default 2 s leases (issue 14; an orderly member leaves
 #: with its lease); a silent client leaves after 2 s (it heartbeats every 0.5 s) instead of 120 s, looked for
 #: every 0.2 s; offsets persisted every second.
 LEASE_MS = 2000
@@ -231,10 +231,10 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _env(settings: dict[str, Any]) -> dict[str, str]:
+def _env(settings: dict[str, Any], prefix: str = "TRIMQ_BROKER_") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")}
     for k, v in settings.items():
-        env["TRIMQ_" + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
+        env[prefix + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
     return env
 
 
@@ -400,7 +400,7 @@ class _Cluster:
             str(BIN / "trimq-consumer"), "--namesrv", self.namesrv, "--group", GROUP, "--topic", TOPIC, "--orderly",
             "--from", "first", "--record", str(record), "--instance-name", name, "--log-format", "json",
             "--log-level", "info",
-        ], _env(CONSUMER_SETTINGS))
+        ], _env(CONSUMER_SETTINGS, "TRIMQ_CLIENT_"))
         self.consumers[slot] = p
         self.all_consumers.append(p)
         return p
@@ -479,7 +479,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
             str(BIN / "trimq-producer"), "--namesrv", cluster.namesrv, "--topic", TOPIC, "--count", str(count),
             "--keys", str(settings.keys), "--orderly", "--rate", str(settings.rate), "--inflight",
             str(settings.inflight), "--record", str(prod_rec), "--json", "--log-format", "json",
-        ], _env(PRODUCER_SETTINGS))
+        ], _env(PRODUCER_SETTINGS, "TRIMQ_CLIENT_"))
         t0 = time.monotonic()
         say(f"seed {seed}: {len(events)} events over {traffic_s:.1f} s of traffic ({count} messages)")
 

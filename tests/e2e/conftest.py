@@ -32,10 +32,10 @@ def tool(name: str) -> str:
 
 
 def env_with(**settings: Any) -> dict[str, str]:
-    """``os.environ`` plus ``TRIMQ_<NAME>`` variables for ``settings``."""
+    """``os.environ`` plus ``TRIMQ_BROKER_<NAME>`` variables for the broker ``settings``."""
     env = dict(os.environ)
     for k, v in settings.items():
-        env["TRIMQ_" + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
+        env["TRIMQ_BROKER_" + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
     return env
 
 

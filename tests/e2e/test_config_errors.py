@@ -84,12 +84,15 @@ BROKER_CASES: list[Case] = [
     ("unknown-section", '[brokr]\nlisten = "127.0.0.1:1"\n', {}, [],
      ["unknown section [brokr]", "sections: namesrv, broker"]),
     ("malformed-toml", "[broker]\nlisten = \n", {}, [], ["is not valid TOML"]),
-    ("bad-env-value", None, {"TRIMQ_FLUSH_INTERVAL_MS": "soon"}, [],
+    ("bad-env-value", None, {"TRIMQ_BROKER_FLUSH_INTERVAL_MS": "soon"}, [],
      ["flush_interval_ms = 'soon'", "must be an integer in [1, 60000]",
-      "(from environment variable TRIMQ_FLUSH_INTERVAL_MS)"]),
+      "(from environment variable TRIMQ_BROKER_FLUSH_INTERVAL_MS)"]),
+    # the unprefixed names of earlier versions meant broker and client settings alike: refused, naming the new one
+    ("retired-env-name", None, {"TRIMQ_MAX_MESSAGE_SIZE": "1048576"}, [],
+     ["environment variable TRIMQ_MAX_MESSAGE_SIZE is no longer read: use TRIMQ_BROKER_MAX_MESSAGE_SIZE"]),
     ("bad-address", '[broker]\nlisten = "localhost"\n', {}, [], ["listen = 'localhost'", "HOST:PORT"]),
     ("flag-out-of-range", None, {}, ["--metrics-port", "70000"],
-     ["metrics_port = 70000", "out of range in [0, 65535]", "(from command line)"]),
+     ["metrics_port = 70000", "out of range (-1 or [0, 65535])", "(from command line)"]),
 ]
 
 
@@ -146,7 +149,7 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
         return result
 
     b = effective("trimq-broker", "--metrics-port", "2003",
-                  env={"TRIMQ_METRICS_PORT": "2002", "TRIMQ_MAX_CONNECTIONS": "22"})
+                  env={"TRIMQ_BROKER_METRICS_PORT": "2002", "TRIMQ_BROKER_MAX_CONNECTIONS": "22"})
     assert (b["shutdown_grace_ms"], b["max_connections"], b["metrics_port"]) == (211, 22, 2003)
     assert b["flush_interval_ms"] == 500  # default
     n = effective("trimq-namesrv", "--metrics-port", "1003",
@@ -167,6 +170,6 @@ def test_consumer_refuses_bad_configuration(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stderr
     assert "pull_batch_size = 5000" in out.stderr and "[1, 1024]" in out.stderr
     out = run("trimq-producer", "--topic", "T", "--count", "1", cwd=tmp_path,
-              env={"TRIMQ_NAMESRV_ADDR": "127.0.0.1:1", "TRIMQ_SEND_MSG_TIMEOUT": "never"})
+              env={"TRIMQ_CLIENT_NAMESRV_ADDR": "127.0.0.1:1", "TRIMQ_CLIENT_SEND_MSG_TIMEOUT": "never"})
     assert out.returncode == 2, out.stderr
     assert "send_msg_timeout = 'never'" in out.stderr

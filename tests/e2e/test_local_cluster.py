@@ -130,7 +130,7 @@ def test_up_status_down_leaves_no_process_it_started(state: Path) -> None:
 
 def test_a_failed_start_stops_what_it_started(state: Path) -> None:
     """A broker that refuses its configuration: `up` fails and stops the name server it already started."""
-    up = run(state, "up", "1", TRIMQ_FLUSH_INTERVAL_MS="0")  # brokers exit 2; the name server does not read it
+    up = run(state, "up", "1", TRIMQ_BROKER_FLUSH_INTERVAL_MS="0")  # brokers exit 2; the name server does not read it
     assert up.returncode == 1, up.stdout + up.stderr
     assert "broker-a exited during start-up" in up.stderr
     assert "flush_interval_ms = 0" in (state / "logs" / "broker-a.log").read_text()

@@ -50,10 +50,10 @@ SMALL_STORE: dict[str, Any] = {
 
 
 def small_store_env(**extra: Any) -> dict[str, str]:
-    """``os.environ`` plus TRIMQ_* variables for the small store geometry (and ``extra`` settings)."""
+    """``os.environ`` plus TRIMQ_BROKER_* variables for the small store geometry (and ``extra`` settings)."""
     env = dict(os.environ)
     for k, v in {**SMALL_STORE, **extra}.items():
-        env["TRIMQ_" + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
+        env["TRIMQ_BROKER_" + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
     return env
 
 

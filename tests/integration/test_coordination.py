@@ -448,7 +448,7 @@ def _broker_cmd(store: Path) -> list[str]:
 async def _start_cli_broker(store: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     addr_file = store / "broker.addr"
     addr_file.unlink(missing_ok=True)
-    env = {**os.environ, "TRIMQ_FLUSH_CONSUMER_OFFSET_INTERVAL_MS": "100"}
+    env = {**os.environ, "TRIMQ_BROKER_FLUSH_CONSUMER_OFFSET_INTERVAL_MS": "100"}
     with open(log, "ab") as out:
         proc = subprocess.Popen(_broker_cmd(store), stdout=out, stderr=out, env=env)
     with trio.fail_after(60):

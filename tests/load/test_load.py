@@ -244,8 +244,8 @@ async def test_hundreds_of_held_long_polls_answered_on_arrival(tmp_path: Path) -
 
 BIG_BODY = 120 * 1024  # two of them fill a pull's 256 KiB
 FLOW_ENV = {
-    "TRIMQ_MAX_PENDING_WRITE_BYTES": str(4 * MIB),
-    "TRIMQ_MAX_TOTAL_PENDING_WRITE_BYTES": str(16 * MIB),
+    "TRIMQ_BROKER_MAX_PENDING_WRITE_BYTES": str(4 * MIB),
+    "TRIMQ_BROKER_MAX_TOTAL_PENDING_WRITE_BYTES": str(16 * MIB),
 }
 
 
@@ -258,7 +258,7 @@ def broker_proc(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, 
 @contextmanager
 def broker_process(tmp_path: Path, settings: dict[str, str],
                    argv: list[str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
-    """``trimq-broker`` (or ``argv``) as a subprocess with ``settings`` (TRIMQ_* variables) and nothing else
+    """``trimq-broker`` (or ``argv``) as a subprocess with ``settings`` (TRIMQ_BROKER_* variables) and nothing else
     from the environment's TRIMQ_*; yields the process, its address and its log file."""
     store = tmp_path / "store"
     log = tmp_path / "broker.log"
@@ -406,9 +406,9 @@ SMALL_BODY = 3 * 1024  # four of them make a pull answer of ~12.5 KiB: under bus
 N_SILENT = 16
 SILENT_PULLS = 1000  # per peer: ~12 MiB of answers asked for, 200 MiB in all
 SILENT_ENV = {
-    "TRIMQ_MAX_PENDING_WRITE_BYTES": str(4 * MIB),
-    "TRIMQ_MAX_TOTAL_PENDING_WRITE_BYTES": str(8 * MIB),
-    "TRIMQ_MAX_WRITE_STALL_MS": "3000",
+    "TRIMQ_BROKER_MAX_PENDING_WRITE_BYTES": str(4 * MIB),
+    "TRIMQ_BROKER_MAX_TOTAL_PENDING_WRITE_BYTES": str(8 * MIB),
+    "TRIMQ_BROKER_MAX_WRITE_STALL_MS": "3000",
 }
 #: RSS growth allowed while they are paused: the 8 MiB budget plus a frame, 16 KiB and a 16 KiB slice of decoded
 #: requests per peer, and the allocator's slack. Without the one budget each peer held its own 4 MiB (64 MiB).
@@ -444,7 +444,8 @@ async def flood_and_measure(tmp_path: Path, settings: dict[str, str], argv: list
     growth, what the reader saw, and how many peers the broker closed (when ``until_closed``, after waiting for
     all of them to be closed, else after a fixed 6 s)."""
     metrics_port = free_port()
-    with broker_process(tmp_path, settings | {"TRIMQ_METRICS_PORT": str(metrics_port)}, argv) as (proc, addr, log):
+    metrics_env = {"TRIMQ_BROKER_METRICS_PORT": str(metrics_port)}
+    with broker_process(tmp_path, settings | metrics_env, argv) as (proc, addr, log):
         ps = psutil.Process(proc.pid)
         ensure_fds(200)
         with trio.fail_after(60):

@@ -148,7 +148,7 @@ def test_replace_keeps_values() -> None:
 def test_load_client_settings_precedence(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "c.toml"
     f.write_text('consumer_group = "g"\npull_batch_size = 8\n[consumer]\npull_interval = 5\n')
-    monkeypatch.setenv("TRIMQ_PULL_BATCH_SIZE", "16")
+    monkeypatch.setenv("TRIMQ_CLIENT_PULL_BATCH_SIZE", "16")
     c = load_client_settings(PushConsumerConfig, config_file=str(f))
     assert (c.consumer_group, c.pull_batch_size) == ("g", 16)
     c = load_client_settings(PushConsumerConfig, config_file=str(f), overrides={"pull_batch_size": 4,
@@ -157,11 +157,11 @@ def test_load_client_settings_precedence(tmp_path, monkeypatch: pytest.MonkeyPat
     sec = load_client_settings(PushConsumerConfig, config_file=str(f), section="consumer",
                                overrides={"consumer_group": "g2"})
     assert sec.pull_interval == 5 and sec.consumer_group == "g2"
-    monkeypatch.setenv("TRIMQ_PULL_BATCH_SIZE", "many")
+    monkeypatch.setenv("TRIMQ_CLIENT_PULL_BATCH_SIZE", "many")
     with pytest.raises(ConfigError, match="pull_batch_size = 'many'"):
         load_client_settings(PushConsumerConfig, overrides={"consumer_group": "g"})
     f.write_text('bogus = 1\n')
-    monkeypatch.delenv("TRIMQ_PULL_BATCH_SIZE")
+    monkeypatch.delenv("TRIMQ_CLIENT_PULL_BATCH_SIZE")
     with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
         load_client_settings(PushConsumerConfig, config_file=str(f))
 
@@ -175,7 +175,7 @@ def test_client_loader_has_the_daemons_rules(tmp_path: Any, monkeypatch: Any) ->
     only_broker.write_text("[broker]\nlisten = '127.0.0.1:1'\n")
     with pytest.raises(ConfigError, match=r"no \[consumer\] table"):
         load_client_settings(PushConsumerConfig, config_file=str(only_broker), section="consumer")
-    monkeypatch.setenv("TRIMQ_PULL_BATCH_SIZE", "5000")
+    monkeypatch.setenv("TRIMQ_CLIENT_PULL_BATCH_SIZE", "5000")
     with pytest.raises(ConfigError, match=r"pull_batch_size = 5000: .*\(from environment variable "
-                                          r"TRIMQ_PULL_BATCH_SIZE\)"):
+                                          r"TRIMQ_CLIENT_PULL_BATCH_SIZE\)"):
         load_client_settings(PushConsumerConfig, overrides={"consumer_group": "g"})

@@ -35,7 +35,12 @@ from trimq.broker.config import BrokerConfig  # noqa: E402
 from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig, load_client_settings  # noqa: E402
 from trimq.client.config import ConfigError as ClientConfigError  # noqa: E402
 from trimq.namesrv.config import NamesrvConfig  # noqa: E402
-from trimq.runtime.settings import CONFIG_SECTIONS, ConfigError, load_settings  # noqa: E402
+from trimq.runtime.settings import (  # noqa: E402
+    CONFIG_SECTIONS,
+    ConfigError,
+    env_prefix_of,
+    load_settings,
+)
 
 DEPLOY = ROOT / "deploy"
 CONFIGURATION_MD = ROOT / "docs" / "CONFIGURATION.md"
@@ -59,7 +64,7 @@ def load_section(path: Path, section: str) -> Any:
     if section == "broker":
         return load_settings(BrokerConfig, config_file=str(path), section="broker")
     if section == "namesrv":
-        return load_settings(NamesrvConfig, config_file=str(path), env_prefix="TRIMQ_NAMESRV_", section="namesrv")
+        return load_settings(NamesrvConfig, config_file=str(path), section="namesrv")
     if section == "consumer":
         return load_client_settings(PushConsumerConfig, config_file=str(path), section="consumer")
     if section == "producer":
@@ -120,10 +125,12 @@ def test_acl_example_loads() -> None:
     ('[broker]\nnamesrv_addr = "10.0.0.1:9876;nowhere"\n', {}, "namesrv_addr = '10.0.0.1:9876;nowhere'"),
     ('[broker]\nmessage_delay_level = "1s 5x"\n', {}, "message_delay_level = '1s 5x'"),
     ('[broker]\nmapped_file_size_consume_queue = 1010\n', {}, "must be a multiple of 20"),
-    ("[broker]\n", {"TRIMQ_EMBEDDED_NAMESRV": "maybe"},
-     "embedded_namesrv = 'maybe': must be true or false (from environment variable TRIMQ_EMBEDDED_NAMESRV)"),
-    ("[broker]\n", {"TRIMQ_MAX_CONNECTIONS": "0"},
-     "max_connections = 0: out of range in [1, 1000000] (from environment variable TRIMQ_MAX_CONNECTIONS)"),
+    ("[broker]\n", {"TRIMQ_BROKER_EMBEDDED_NAMESRV": "maybe"},
+     "embedded_namesrv = 'maybe': must be true or false (from environment variable TRIMQ_BROKER_EMBEDDED_NAMESRV)"),
+    ("[broker]\n", {"TRIMQ_BROKER_MAX_CONNECTIONS": "0"},
+     "max_connections = 0: out of range in [1, 1000000] (from environment variable TRIMQ_BROKER_MAX_CONNECTIONS)"),
+    ("[broker]\n", {"TRIMQ_TLS_CERT_FILE": "/c.pem"},
+     "environment variable TRIMQ_TLS_CERT_FILE is no longer read: use TRIMQ_BROKER_TLS_CERT_FILE"),
 ])
 def test_broker_loader_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, env: dict[str, str],
                               expected: str) -> None:
@@ -152,7 +159,7 @@ def test_client_loader_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     path.write_text('[consumer]\nconsumer_group = "g"\npull_batch_size = 0\n')
     with pytest.raises(ClientConfigError, match=r"pull_batch_size = 0: out of range in \[1, 1024\]"):
         load_client_settings(PushConsumerConfig, config_file=str(path), section="consumer")
-    monkeypatch.setenv("TRIMQ_SEND_MSG_TIMEOUT", "x")
+    monkeypatch.setenv("TRIMQ_CLIENT_SEND_MSG_TIMEOUT", "x")
     with pytest.raises(ClientConfigError, match=r"send_msg_timeout = 'x': must be an integer"):
         load_client_settings(ProducerConfig, section="producer")
 
@@ -238,9 +245,10 @@ def render_configuration_md() -> str:
         "   daemons also accept a file with their settings at the top level, and refuse a file with a table",
         "   that is not one of " + ", ".join(f"`[{s}]`" for s in CONFIG_SECTIONS) + ",",
         "   or with no table of theirs (it is the wrong file);",
-        "3. environment variables: `TRIMQ_` and the setting's name in capitals (`TRIMQ_FLUSH_INTERVAL_MS=200`);",
-        "   the name server's are `TRIMQ_NAMESRV_` + name, so a broker's and a name server's settings never mix.",
-        "   Booleans accept `true/false`, `1/0`, `yes/no`, `on/off`;",
+        "3. environment variables: the program's prefix and the setting's name in capitals: `TRIMQ_BROKER_` for",
+        "   the broker (`TRIMQ_BROKER_FLUSH_INTERVAL_MS=200`), `TRIMQ_NAMESRV_` for the name server,",
+        "   `TRIMQ_CLIENT_` for the client programs and the SDK's `load_client_settings` (\"Environment variable",
+        "   names\" below). Booleans accept `true/false`, `1/0`, `yes/no`, `on/off`;",
         "4. command-line flags, for the settings that have one.",
         "",
         "`trimq-broker --print-config` and `trimq-namesrv --print-config` print the effective settings as JSON",
@@ -258,7 +266,10 @@ def render_configuration_md() -> str:
         "trimq-broker: invalid configuration: flush_disk_type = 'FAST': must be one of ASYNC_FLUSH, SYNC_FLUSH "
         "(from command line)",
         "trimq-broker: invalid configuration: flush_interval_ms = 'soon': must be an integer in [1, 60000] "
-        "(from environment variable TRIMQ_FLUSH_INTERVAL_MS)",
+        "(from environment variable TRIMQ_BROKER_FLUSH_INTERVAL_MS)",
+        "trimq-broker: invalid configuration: environment variable TRIMQ_FLUSH_INTERVAL_MS is no longer read: "
+        "use TRIMQ_BROKER_FLUSH_INTERVAL_MS; each program reads its own prefix (TRIMQ_BROKER_, TRIMQ_NAMESRV_, "
+        "TRIMQ_CLIENT_): docs/CONFIGURATION.md",
         "trimq-broker: invalid configuration: config file /etc/trimq/single.toml: unknown setting "
         "'flush_interval' in [broker]",
         "trimq-broker: invalid configuration: config file /etc/trimq/single.toml is not valid TOML: "
@@ -276,47 +287,61 @@ def render_configuration_md() -> str:
         "",
         "`NamesrvConfig` (namesrv/config.py): the `[namesrv]` table, `TRIMQ_NAMESRV_*` variables.",
         "",
-        *_table(NamesrvConfig, "TRIMQ_NAMESRV_", flags.get("namesrv", {})),
+        *_table(NamesrvConfig, env_prefix_of(NamesrvConfig), flags.get("namesrv", {})),
         "",
         "## trimq-broker",
         "",
-        "`BrokerConfig` (broker/config.py): the `[broker]` table, `TRIMQ_*` variables. Times are in",
+        "`BrokerConfig` (broker/config.py): the `[broker]` table, `TRIMQ_BROKER_*` variables. Times are in",
         "milliseconds, sizes in bytes. Names follow RocketMQ's BrokerConfig / MessageStoreConfig in snake_case.",
         "",
-        *_table(BrokerConfig, "TRIMQ_", flags.get("broker", {})),
+        *_table(BrokerConfig, env_prefix_of(BrokerConfig), flags.get("broker", {})),
         "",
         "## Clients",
         "",
         "`client/config.py`: the `[producer]` table for `trimq-producer` and `Producer`, the `[consumer]` table",
-        "for `trimq-consumer` and `PushConsumer`, `TRIMQ_*` variables. Both have the shared settings of",
+        "for `trimq-consumer` and `PushConsumer`, `TRIMQ_CLIENT_*` variables. Both have the shared settings of",
         "`ClientConfig` (RocketMQ's ClientConfig) plus their own. Times are in milliseconds unless the name says",
         "otherwise (`consume_timeout` is in minutes, as in RocketMQ).",
         "",
         "### Shared (ClientConfig)",
         "",
-        *_table(ClientConfig, "TRIMQ_", {**flags.get("producer", {}), **flags.get("consumer", {})}),
+        *_table(ClientConfig, env_prefix_of(ClientConfig), {**flags.get("producer", {}), **flags.get("consumer", {})}),
         "",
         "### trimq-producer (ProducerConfig)",
         "",
-        *_table(ProducerConfig, "TRIMQ_", flags.get("producer", {}), skip=client_fields),
+        *_table(ProducerConfig, env_prefix_of(ProducerConfig), flags.get("producer", {}), skip=client_fields),
         "",
         "### trimq-consumer (PushConsumerConfig)",
         "",
         "`consume_timestamp` left empty means half an hour before the consumer was configured (RocketMQ's",
         "default).",
         "",
-        *_table(PushConsumerConfig, "TRIMQ_", flags.get("consumer", {}), skip=client_fields),
+        *_table(PushConsumerConfig, env_prefix_of(PushConsumerConfig), flags.get("consumer", {}), skip=client_fields),
         "",
-        "### Variables the broker and the clients share",
+        "## Environment variable names",
         "",
-        "The broker and the client tools both read `TRIMQ_*`, so these names mean something to both (with a",
-        "different meaning where the descriptions differ): "
+        "Each program reads its own prefix, so one environment (a shell, `deploy/local-cluster.sh`, a container)",
+        "can configure them all and no name means two things:",
+        "",
+        "| program | variables | example |",
+        "|---|---|---|",
+        "| `trimq-broker` | `TRIMQ_BROKER_` + setting | `TRIMQ_BROKER_MAX_MESSAGE_SIZE=8388608` |",
+        "| `trimq-namesrv` | `TRIMQ_NAMESRV_` + setting | `TRIMQ_NAMESRV_MAX_CONNECTIONS=20000` |",
+        "| `trimq-producer`, `trimq-consumer`, `load_client_settings` | `TRIMQ_CLIENT_` + setting | "
+        "`TRIMQ_CLIENT_NAMESRV_ADDR=10.0.0.1:9876` |",
+        "| `trimq-admin` | `TRIMQ_CLIENT_NAMESRV_ADDR` (or RocketMQ's `NAMESRV_ADDR`), `TRIMQ_CLIENT_ACCESS_KEY`, "
+        "`TRIMQ_CLIENT_SECRET_KEY` | |",
+        "",
+        "**Renamed.** The broker and the clients used to read the same `TRIMQ_<NAME>` variables, and these names",
+        "meant a different setting to each: "
         + ", ".join(f"`TRIMQ_{n.upper()}`" for n in sorted(
             {f.name for f in dataclasses.fields(BrokerConfig)}
             & ({f.name for f in dataclasses.fields(ProducerConfig)} | {f.name for f in dataclasses.fields(
                 PushConsumerConfig)}))) + ".",
-        "Set them per process (the systemd units read `/etc/default/trimq-broker`, `/etc/default/trimq-consumer`,",
-        "... separately), not in a shell profile that starts both.",
+        "Those unprefixed names are no longer read: a program that finds one of its settings under its old name",
+        "stops at start (exit status 2) with a message naming the new variable, instead of silently ignoring it.",
+        "The systemd units read `/etc/default/trimq-broker`, `/etc/default/trimq-namesrv` and",
+        "`/etc/default/trimq-consumer` (examples in `deploy/config/*.env`).",
         "",
         "## ACL file",
         "",

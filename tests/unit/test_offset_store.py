@@ -198,7 +198,7 @@ async def test_local_store_recovers_from_a_torn_file(tmp_path) -> None:
 
 
 def test_default_local_dir(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setenv("TRIMQ_LOCAL_OFFSET_STORE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRIMQ_CLIENT_LOCAL_OFFSET_STORE_DIR", str(tmp_path))
     assert default_local_offset_dir("1.2.3.4@DEFAULT", "g") == tmp_path / "1.2.3.4@DEFAULT" / "g"
     assert default_local_offset_dir("x", "g", "/base") .as_posix() == "/base/x/g"
 

@@ -3,10 +3,10 @@
 * every ``trimq-*`` command in a README code block parses with the real click command (options, subcommands,
   choices), without running it;
 * every ``--namesrv HOST:PORT`` a README command uses is the address every README way of starting the
-  daemons serves a name server on: ``trimq-namesrv`` (its ``--listen`` or its ``--config`` file's ``[namesrv]`` table) or
-  ``trimq-broker --embedded-namesrv`` (which serves it on the broker's own port: its ``--listen`` or the
-  broker's default). The quick try once started ``trimq-broker --embedded-namesrv`` on 10911 while every
-  later command said 9876;
+  daemons serves a name server on: ``trimq-namesrv`` (its ``--listen`` or its ``--config`` file's
+  ``[namesrv]`` table) or ``trimq-broker --embedded-namesrv`` (which serves it on the broker's own port: its
+  ``--listen`` or the broker's default). The quick try once started ``trimq-broker --embedded-namesrv`` on
+  10911 while every later command said 9876;
 * ``make demo`` installs only what the demo needs (the package without extras, a stamp of its own).
 
 The commands were also run by hand in a scratch directory; tests/e2e runs the same tools for real.
@@ -88,8 +88,7 @@ def namesrv_addresses() -> set[str]:
             if "listen" in p:
                 served.add(p["listen"])
             else:
-                cfg = load_settings(NamesrvConfig, config_file=str(ROOT / p["config_file"]), section="namesrv",
-                                    env_prefix="TRIMQ_NAMESRV_")
+                cfg = load_settings(NamesrvConfig, config_file=str(ROOT / p["config_file"]), section="namesrv")
                 served.add(cfg.listen)
         elif argv[0] == "trimq-broker" and parse(argv).get("embedded_namesrv"):
             p = parse(argv)

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test demo lint bench chaos fuzz clean promtool
+.PHONY: install test demo lint bench chaos fuzz clean promtool browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 
 install: $(STAMP)
 
-test: $(STAMP) promtool
+test: $(STAMP) promtool browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # promtool checks deploy/prometheus/ in the tests (tests/unit/test_deploy_configs.py). When it is not on PATH
@@ -32,6 +32,17 @@ promtool:
 	    || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get download -qq prometheus; }; } \
 	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x -C .. ./usr/bin/promtool \
 	  && rm -f prometheus_*.deb && echo "promtool: $(TOOLS)/usr/bin/promtool"; \
+	fi
+
+# tests/console drives a real headless browser: Debian's chromium (playwright, from the test extra, uses it at
+# /usr/bin/chromium and never downloads one). Installed with apt when missing and this is root (the package
+# lists are refreshed first when the install needs it); elsewhere install it yourself or set TRIMQ_CHROMIUM.
+browser:
+	@if [ ! -x /usr/bin/chromium ] && [ -z "$$TRIMQ_CHROMIUM" ] && [ "$$(id -u)" = 0 ] \
+	    && command -v apt-get >/dev/null 2>&1; then \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+	    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; } \
+	  && echo "browser: /usr/bin/chromium"; \
 	fi
 
 # The demo needs the package and its base dependencies only (no spark, test, lint or bench extras): a stamp of

@@ -475,3 +475,24 @@ def cluster_group() -> None:
 def cluster_list() -> None:
     """Brokers by cluster: address, topics, when each last registered with the name server."""
     _run(lambda a: a.cluster_list(), lambda d: fmt.render_cluster_list(d, now_ms=_now_ms()))
+
+
+# --- web console -------------------------------------------------------------------------------------------
+
+
+@main.command(name="serve")
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT",
+              help="Address of the web console (port 0: any free port; the URL is printed).")
+@click.option("--auth-token", envvar="TRIMQ_CONSOLE_TOKEN",
+              help="Ask for HTTP basic auth with this password (any user name); env TRIMQ_CONSOLE_TOKEN. Without "
+                   "it, --access-key/--secret-key are the login when set.")
+@click.option("--read-only", is_flag=True, help="No actions (resend, reset, skip): pages only.")
+def serve(listen: str, auth_token: str | None, read_only: bool) -> None:
+    """Serve the web console: cluster, topics, groups, queues, locks, blocked queues, dead letters, messages
+    (docs/ADMIN.md, "Web console"). Runs until SIGINT/SIGTERM."""
+    from trimq.tools.console.cli import serve as serve_console
+
+    opts: CliOptions = click.get_current_context().find_object(CliOptions)  # type: ignore[assignment]
+    serve_console(namesrv=opts.namesrv, access_key=opts.access_key, secret_key=opts.secret_key, tls=opts.tls,
+                  tls_ca_file=opts.tls_ca_file, timeout_ms=opts.timeout_ms, listen=listen, auth_token=auth_token,
+                  read_only=read_only)

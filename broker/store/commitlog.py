@@ -347,6 +347,11 @@ class CommitLog:
             raise ValueError(f"commit log {self.directory} is not empty (max offset {self.max_offset})")
         if offset % self.segment_size:
             raise ValueError(f"offset {offset} is not a segment boundary (segment size {self.segment_size})")
+        if self._spare is not None and self._spare.start != offset:
+            # prepared for a log starting at 0: its file would not follow the segments to come
+            self._spare.close()
+            self._spare.path.unlink(missing_ok=True)
+            self._spare = None
         self.max_offset = self.flushed_offset = offset
 
     def add_segment(self, seg: Segment) -> None:

@@ -53,6 +53,10 @@ async def test_slave_replicates_serves_pulls_refuses_sends_and_syncs_metadata(
             assert r.code == ResponseCode.SUCCESS, r.remark
         await caught_up(master, slave)
         assert master.ha_controller.status()["lagBytes"] == 0
+        # the slave's index is built from the replicated records too
+        slave.store.index_dispatcher.dispatch_all()
+        found = slave.store.index_dispatcher.query_messages("Orders", "m7", 4, 0, 2**62)
+        assert [m.body for m in found.messages] == [b"m7"]
         assert await slave.ha_controller.sync.sync_all(rclient)  # topic configs (RocketMQ: 3 s after the start)
         # pulls from the slave read the replicated records through its rebuilt consume queues
         pull = {"consumerGroup": "cg", "topic": "Orders", "queueId": 1, "queueOffset": 0, "maxMsgNums": 32,

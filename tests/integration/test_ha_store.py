@@ -144,3 +144,28 @@ async def test_slave_cuts_a_tail_the_new_master_never_had(tmp_path: Path) -> Non
             res = old.get_message("T", qid, 0, 32)
             assert res.body == new.get_message("T", qid, 0, 32).body
             assert b"old-tail" not in res.body
+
+
+async def test_a_restarted_slave_whose_log_starts_late_keeps_dispatching(tmp_path: Path) -> None:
+    """Regressions: a slave whose log starts on the master's segment boundary (not 0) restarts. Its reput position
+    started at 0, before its first segment, so no record received afterwards got a unit; and the segment file
+    prepared at 0 before the first frame arrived was left on disk, so the store refused to open ("does not
+    follow")."""
+    master = _store(tmp_path / "m")
+    async with _running(master) as mn:
+        service = HAService(master, HAState(None, history=[(1, 0)]), batch_size=1000)
+        await mn.start(service.serve)
+        await _put(master, 20)
+        for _ in range(2):  # a fresh slave, then the same store restarted
+            slave = _store(tmp_path / "s")
+            async with _running(slave) as sn:
+                client = HAClient(slave, HAState(None), master_ha_address=lambda: service.address,
+                                  reconnect_interval_ms=50)
+                await sn.start(client.run)
+                await _put(master, 10)
+                await _caught_up(master, slave, client)
+                assert slave.commitlog.min_offset > 0
+                for qid in range(3):
+                    mq, sq = master.find_consume_queue("T", qid), slave.find_consume_queue("T", qid)
+                    assert mq is not None and sq is not None and sq.max_offset == mq.max_offset
+                sn.cancel_scope.cancel()

@@ -75,6 +75,8 @@ def test_truncation_point() -> None:
     assert truncation_point(history, 1, 4000, 12000) == 4000
     assert truncation_point(history, 2, 9999, 12000) == 9000  # epoch 3 never wrote: epoch 4 starts at 9000
     assert truncation_point(history, 0, 0, 12000) == 0
+    # no epoch known (a store from before HA): trusted up to what the master has, as RocketMQ does
+    assert truncation_point(history, 0, 7000, 12000) == 7000
 
 
 def test_ha_state_file_round_trip(tmp_path: object) -> None:

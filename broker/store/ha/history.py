@@ -32,16 +32,18 @@ def ha_state_path(store_dir: str) -> str:
 def truncation_point(history: list[tuple[int, int]], slave_epoch: int, slave_max: int, master_max: int) -> int:
     """Where a slave's log must end before it follows a master with ``history`` and max offset ``master_max``.
 
-    ``slave_epoch`` is the newest master epoch the slave's log was written under (0: none known). The slave keeps
-    ``[0, t)`` with ``t`` = the smallest of its max offset, the master's max offset and the start of the first
-    master epoch newer than the slave's (bytes it holds past that were written by an older master and never
-    replicated to the newer one). A fresh slave (max offset 0) keeps nothing and is not cut.
+    ``slave_epoch`` is the newest master epoch the slave's log was written under. The slave keeps ``[0, t)`` with
+    ``t`` = the smallest of its max offset, the master's max offset and the start of the first master epoch newer
+    than the slave's (bytes it holds past that were written by an older master and never replicated to the newer
+    one). A slave that knows no epoch (0: a store from before HA, or whose state file was lost) is trusted as
+    RocketMQ trusts every slave: only what the master does not have is cut.
     """
     point = min(slave_max, master_max)
-    for epoch, start in sorted(history):
-        if epoch > slave_epoch:
-            point = min(point, start)
-            break
+    if slave_epoch > 0:
+        for epoch, start in sorted(history):
+            if epoch > slave_epoch:
+                point = min(point, start)
+                break
     return max(0, point)
 
 

@@ -70,6 +70,9 @@ class HAClient:
         self._address_changed.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # The store is open and ends on a record boundary (recovery, or a master's writes before a demotion):
+        # every complete record below its end has its units.
+        self.writer.reput_offset = self.store.commitlog.max_offset
         task_status.started()
         while True:
             addr = self.master_ha_address()
@@ -123,8 +126,6 @@ class HAClient:
             if list(ack.history) != self.state.history:
                 self.state.adopt(ack.history)
                 await trio.to_thread.run_sync(self.state.save)
-            self.writer.reput_offset = min(self.writer.reput_offset, cl.max_offset) if cl.segments else \
-                cl.max_offset
             self.connected = True
             self.connected_address = addr
             self.connects += 1

@@ -239,6 +239,7 @@ class Console:
 
     def _render(self, template: str, page: _Page, code: int = 200, **context: Any) -> Response:
         notice = context.pop("notice", None)
+        context.setdefault("errors", [])
         html = self._env.get_template(template).render(
             nav=NAV, active=context.pop("active", ""), csrf=page.csrf, csrf_field=CSRF_FIELD,
             read_only=self.options.read_only, namesrv=self.options.namesrv, version=trimq.__version__,

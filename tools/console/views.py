@@ -160,6 +160,7 @@ def member_rows(connections: ConsumerConnections | None, status: ConsumerStatus 
         held = [r for r in info.mq_table if not (r.get("processQueueInfo") or {}).get("dropped")]
         out.append(MemberRow(c.client_id, c.client_addr, c.language, c.version, c.last_update_timestamp, True,
                              len(held), info.info.get("inFlight"), info.info.get("deadLettered"),
-                             info.info.get("skipped"), len(info.blocked_queues)))
+                             info.info.get("skipped"),
+                             sum(1 for b in info.blocked_queues if _mq_key(b.get("mq")) is not None)))
     out.sort(key=lambda m: m.client_id)
     return out

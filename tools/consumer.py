@@ -62,6 +62,7 @@ class ConsumerOptions:
     exit_after_idle_s: float = 0.0
     quiet: bool = False
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
 
 class ConsumerApp:
@@ -156,7 +157,7 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
         statuses = (c.CONSUME_SUCCESS, c.RECONSUME_LATER, frozenset({c.CONSUME_SUCCESS}))
     record = RecordWriter(opts.record, fsync=opts.record_fsync) if opts.record else None
     app = ConsumerApp(opts, statuses, record, None if (record is not None or opts.quiet) else sys.stdout)
-    consumer = push_consumer_cls(config, metrics_port=opts.metrics_port)
+    consumer = push_consumer_cls(config, metrics_port=opts.metrics_port, metrics_host=opts.metrics_host)
     consumer.subscribe(opts.topic, opts.tags)
     if opts.orderly:
         consumer.register_message_listener_orderly(app.listener())
@@ -232,7 +233,9 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
               help="Shut down gracefully after S seconds without a message (0 = never).")
 @click.option("--instance-name", help="Instance name (part of the client id).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = any free port; default off).")
+              help="Serve Prometheus metrics on this port (0 = any free port, printed; default off).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address the metrics endpoint binds (0.0.0.0: reachable by a Prometheus on another host).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="TOML file; settings from its [consumer] table (PushConsumerConfig names).")
 @click.option("--quiet", is_flag=True, help="Without --record, do not print messages.")
@@ -241,7 +244,7 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
 def main(namesrv_addr: str | None, consumer_group: str | None, topic: str, tags: str, orderly: bool,
          handler_spec: str | None, record: str | None, record_fsync: bool, from_where: str | None,
          consume_timestamp: str | None, max_reconsume_times: int | None, exit_after_idle: float,
-         instance_name: str | None, metrics_port: int | None, config_file: str | None, quiet: bool,
+         instance_name: str | None, metrics_port: int | None, metrics_host: str, config_file: str | None, quiet: bool,
          log_format: str, log_level: str) -> None:
     """Consume TOPIC in consumer group GROUP until SIGINT/SIGTERM (graceful shutdown, exit status 0).
 
@@ -269,7 +272,7 @@ def main(namesrv_addr: str | None, consumer_group: str | None, topic: str, tags:
     handler = load_handler(handler_spec) if handler_spec else None
     opts = ConsumerOptions(topic=topic, tags=tags, orderly=orderly, handler=handler, record=record,
                            record_fsync=record_fsync, exit_after_idle_s=exit_after_idle, quiet=quiet,
-                           metrics_port=metrics_port)
+                           metrics_port=metrics_port, metrics_host=metrics_host)
     try:
         status = trio.run(_consumer_session, config, opts)
     except BaseException as exc:

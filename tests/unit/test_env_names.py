@@ -102,9 +102,12 @@ def test_retired_names_through_the_loaders(monkeypatch: pytest.MonkeyPatch) -> N
     assert load_client_settings(PushConsumerConfig, section="consumer").consumer_group == "g"
 
 
-def test_admin_reads_the_client_names_and_refuses_the_retired_ones() -> None:
+def test_admin_reads_the_client_names_and_refuses_the_retired_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trimq.runtime.logs
     from trimq.tools.admin import main
 
+    # in-process: leave the process's logging as the other tests expect it (capture_logs needs it unconfigured)
+    monkeypatch.setattr(trimq.runtime.logs, "configure_logging", lambda *a, **k: None)
     runner = CliRunner()
     out = runner.invoke(main, ["allocate", "--queues", "4", "--consumers", "2"],
                         env={"TRIMQ_NAMESRV_ADDR": "127.0.0.1:9876"})
@@ -177,3 +180,7 @@ def test_the_consumer_units_instance_file_parses_with_the_consumer() -> None:
     args = ["--config", str(DEPLOY / "config" / "cluster-clients.toml"), *shlex.split(active["CONSUMER_ARGS"])]
     ctx = main.make_context("trimq-consumer", args)
     assert ctx.params["topic"] and ctx.params["config_file"]
+    # what deploy/prometheus/prometheus.yml scrapes: the consumer's metrics, reachable from another host
+    prometheus = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
+    consumer_job = prometheus.split("job_name: trimq-consumer", 1)[1]
+    assert f":{ctx.params['metrics_port']}'" in consumer_job and ctx.params["metrics_host"] == "0.0.0.0"

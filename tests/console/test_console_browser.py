@@ -98,6 +98,9 @@ def browse(base: str, shots: Path) -> dict[str, Any]:
             page.on("requestfailed", lambda r: errors.append(f"{r.url}: {r.failure}"))
 
             def shot(name: str) -> None:
+                # every page fits the window's width (wide tables scroll inside their card)
+                if page.evaluate("document.documentElement.scrollWidth > window.innerWidth"):
+                    errors.append(f"{name}: the page is wider than the window")
                 page.screenshot(path=str(shots / f"{len(list(shots.iterdir())) + 1:02d}-{name}.png"), full_page=True)
 
             # cluster and brokers

@@ -45,6 +45,7 @@ from trimq.broker.store.ha.master import HAService
 from trimq.broker.store.ha.slave import HAClient
 from trimq.broker.store.message_store import MessageStore
 from trimq.broker.store.schedule import encode_offset_table
+from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.address import format_address, parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
@@ -266,11 +267,24 @@ class HAController:
         self.locks.start_lifetime(es.broker_epoch, grace)
         self.role, self.broker_id = role, MASTER_ID
         self.learned_master_addr = self.learned_master_ha_addr = ""
+        self._recreate_topics()
         self._apply_role()
         self.promotions += 1
         log.warning("ha.promoted", role=role, master_epoch=epoch, start_offset=cl.max_offset,
                     broker_epoch=es.broker_epoch, restart_grace_ms=grace,
                     old_master=known.master_addr if known is not None else "")
+
+    def _recreate_topics(self) -> None:
+        """Topics the old master created after the last metadata sync have replicated queues but no config here:
+        give them one (as a store's start does after a crash window), so they are routed at once."""
+        topics = self.sync.topics
+        known = topics.all()
+        for topic in self.store.topics():
+            ids = self.store.queue_ids(topic)
+            if topic not in known and ids:
+                queues = max(self.config.default_topic_queue_nums, max(ids) + 1)
+                topics.create_or_update(TopicConfig(topic, queues, queues))
+                log.warning("ha.topic_recreated", topic=topic, queues=queues, why="created after the last sync")
 
     async def _become_slave(self, master_addr: str, master_ha_addr: str) -> None:
         old_role = self.role

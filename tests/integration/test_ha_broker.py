@@ -83,6 +83,14 @@ async def test_slave_replicates_serves_pulls_refuses_sends_and_syncs_metadata(
         assert slave.offset_manager.query_offset("cg", "Orders", 1) == 9
         status = slave.ha_controller.status()
         assert status["brokerRole"] == "SLAVE" and status["masterConnected"] and status["masterAddr"] == master.address
+        # a topic created after the last sync: promoted, the slave gives its replicated queues a config at once
+        assert (await send(rclient, master.address, "Fresh", 3, b"f")).code == ResponseCode.SUCCESS
+        await caught_up(master, slave)
+        assert slave.topic_config_manager.get("Fresh") is None
+        r = await call(rclient, slave.address, RC.PROMOTE_BROKER, {"brokerName": "broker-a", "brokerId": 1})
+        assert r.code == ResponseCode.SUCCESS and r.ext["masterEpoch"] == 2, r.remark
+        cfg = slave.topic_config_manager.get("Fresh")
+        assert cfg is not None and cfg.write_queue_nums == 4
 
 
 async def test_sync_master_waits_for_its_slave(broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
@@ -152,6 +160,10 @@ async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
             assert b.lock_manager.broker_epoch > old_broker_epoch  # its lock epochs exceed the old master's
             assert b.lock_manager.in_restart_grace()  # no lock table: the lease restart grace first
             assert b.ha_controller.state.history == [(1, 0), (2, promoted_at)]
+            # never synced from the old master (the first sync is 3 s after the start): the topic of its queues
+            # gets a config at the promotion, so it is routed at once
+            cfg = b.topic_config_manager.get("T")
+            assert cfg is not None and cfg.write_queue_nums == 4
             for i in range(3):
                 r = await send(rclient, b.address, "T", i % 2, b"new%d" % i)
                 assert r.code == ResponseCode.SUCCESS, r.remark

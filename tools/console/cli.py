@@ -34,7 +34,7 @@ def serve(*, namesrv: str | None, access_key: str | None, secret_key: str | None
     listens, runs until SIGINT/SIGTERM. Usage errors raise click exceptions; a port that cannot be bound
     exits 1 with the reason."""
     if not namesrv:
-        raise click.UsageError("no name server: pass --namesrv HOST:PORT (or set TRIMQ_NAMESRV_ADDR)")
+        raise click.UsageError("no name server: pass --namesrv HOST:PORT (or set TRIMQ_CLIENT_NAMESRV_ADDR)")
     if bool(access_key) != bool(secret_key):
         raise click.UsageError("--access-key and --secret-key go together")
     try:

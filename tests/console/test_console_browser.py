@@ -203,66 +203,68 @@ async def test_console_pages_and_actions_in_a_browser(tmp_path: Path) -> None:
     browser_or_fail()
     shots = tmp_path / "console-screenshots"
     shots.mkdir()
-    async with open_broker(**SMALL_STORE) as cluster:
-        await cluster.create_topic(TOPIC, 4)
-        async with Producer(cluster.producer_config()) as producer:
-            for i in range(MESSAGES - 1):
-                await producer.send(Message(TOPIC, f"order {i}".encode(), keys=f"order-{i}"),
-                                    message_queue=MessageQueue(TOPIC, "broker-a", i % 4))
-            await producer.send(Message(TOPIC, b"poison", keys="poison-key"),
-                                message_queue=MessageQueue(TOPIC, "broker-a", POISON_QUEUE))
+    try:
+        async with open_broker(**SMALL_STORE) as cluster:
+            await cluster.create_topic(TOPIC, 4)
+            async with Producer(cluster.producer_config()) as producer:
+                for i in range(MESSAGES - 1):
+                    await producer.send(Message(TOPIC, f"order {i}".encode(), keys=f"order-{i}"),
+                                        message_queue=MessageQueue(TOPIC, "broker-a", i % 4))
+                await producer.send(Message(TOPIC, b"poison", keys="poison-key"),
+                                    message_queue=MessageQueue(TOPIC, "broker-a", POISON_QUEUE))
 
-        consumed: list[str] = []
-        poisoned: list[int] = []
+            consumed: list[str] = []
+            poisoned: list[int] = []
 
-        async def orderly(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
-            if any(m.body == b"poison" for m in msgs):
-                poisoned.append(1)
-                return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
-            return ConsumeOrderlyStatus.SUCCESS
+            async def orderly(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+                if any(m.body == b"poison" for m in msgs):
+                    poisoned.append(1)
+                    return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+                return ConsumeOrderlyStatus.SUCCESS
 
-        async def concurrently(msgs: list[MessageExt],
-                               ctx: ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus:
-            consumed.extend(m.body.decode() for m in msgs)
-            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+            async def concurrently(msgs: list[MessageExt],
+                                   ctx: ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus:
+                consumed.extend(m.body.decode() for m in msgs)
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-        billing = PushConsumer(cluster.consumer_config(ORDERLY, suspend_current_queue_time_millis=200))
-        billing.subscribe(TOPIC)
-        billing.register_message_listener_orderly(orderly)
-        audit = PushConsumer(cluster.consumer_config(CONCURRENT))
-        audit.subscribe(TOPIC)
-        audit.register_message_listener_concurrently(concurrently)
-        async with billing, audit:
-            await wait_until(lambda: billing.blocked_queues() and len(consumed) >= MESSAGES)
-            proc, base = await start_console(cluster.namesrv_addr, tmp_path / "console.log")
-            try:
-                started = time.monotonic()
-                seen = await trio.to_thread.run_sync(browse, base, shots)
-                print(f"browser: {time.monotonic() - started:.1f} s")
-            finally:
-                proc.terminate()
-                proc.wait(10)
-            assert proc.returncode == 0, (tmp_path / "console.log").read_text()
+            billing = PushConsumer(cluster.consumer_config(ORDERLY, suspend_current_queue_time_millis=200))
+            billing.subscribe(TOPIC)
+            billing.register_message_listener_orderly(orderly)
+            audit = PushConsumer(cluster.consumer_config(CONCURRENT))
+            audit.subscribe(TOPIC)
+            audit.register_message_listener_concurrently(concurrently)
+            async with billing, audit:
+                await wait_until(lambda: billing.blocked_queues() and len(consumed) >= MESSAGES)
+                proc, base = await start_console(cluster.namesrv_addr, tmp_path / "console.log")
+                try:
+                    started = time.monotonic()
+                    seen = await trio.to_thread.run_sync(browse, base, shots)
+                    print(f"browser: {time.monotonic() - started:.1f} s")
+                finally:
+                    proc.terminate()
+                    proc.wait(10)
+                assert proc.returncode == 0, (tmp_path / "console.log").read_text()
 
-            # what the pages showed is what the cluster holds
-            per_queue = [cells(r, 1, 2, 3, 4) for r in seen["queue_rows"]]
-            assert per_queue == [["0", "0", "3", "3"], ["1", "0", "4", "4"], ["2", "0", "3", "3"],
-                                 ["3", "0", "2", "2"]]
-            assert seen["member"] == billing.client_id
-            for row in seen["group_rows"]:  # topic, broker, queue, broker offset, consumer offset, lag, owner, lock
-                assert row[6] == billing.client_id and row[7].startswith(billing.client_id), row
-            [blocked_row] = [r for r in seen["group_rows"] if r[8] != "-"]
-            assert blocked_row[2] == str(POISON_QUEUE) and blocked_row[8].startswith("offset 3, "), blocked_row
-            assert [cells(r, 1, 3) for r in seen["plan"]] == [["0", "0"], ["1", "0"], ["2", "0"], ["3", "0"]]
-            assert seen["stylesheet"] == "flex"  # the stylesheet loaded (served by the console, no CDN)
-            assert seen["errors"] == [], "\n".join(seen["errors"])
+                # what the pages showed is what the cluster holds
+                per_queue = [cells(r, 1, 2, 3, 4) for r in seen["queue_rows"]]
+                assert per_queue == [["0", "0", "3", "3"], ["1", "0", "4", "4"], ["2", "0", "3", "3"],
+                                     ["3", "0", "2", "2"]]
+                assert seen["member"] == billing.client_id
+                for row in seen["group_rows"]:  # topic, broker, queue, broker offset, consumer offset, lag, owner, lock
+                    assert row[6] == billing.client_id and row[7].startswith(billing.client_id), row
+                [blocked_row] = [r for r in seen["group_rows"] if r[8] != "-"]
+                assert blocked_row[2] == str(POISON_QUEUE) and blocked_row[8].startswith("offset 3, "), blocked_row
+                assert [cells(r, 1, 3) for r in seen["plan"]] == [["0", "0"], ["1", "0"], ["2", "0"], ["3", "0"]]
+                assert seen["stylesheet"] == "flex"  # the stylesheet loaded (served by the console, no CDN)
+                assert seen["errors"] == [], "\n".join(seen["errors"])
 
-            # the actions happened: the dead letter was resent to its queue, the reset made audit read it all again
-            dead = await cluster.admin.dlq_list(ORDERLY)
-            assert [(m.keys, m.resent) for m in dead.messages] == [("poison-key", True)]
-            await wait_until(lambda: consumed.count("order 0") == 2 and consumed.count("poison") >= 2)
-            await wait_until(lambda: billing.blocked_queues())  # the poison is back, and blocks again
-    artifacts = os.environ.get("TRIMQ_ARTIFACTS")
-    if artifacts:
-        shutil.copytree(shots, Path(artifacts) / "console", dirs_exist_ok=True)
+                # the actions happened: the dead letter was resent to its queue, the reset made audit read it all again
+                dead = await cluster.admin.dlq_list(ORDERLY)
+                assert [(m.keys, m.resent) for m in dead.messages] == [("poison-key", True)]
+                await wait_until(lambda: consumed.count("order 0") == 2 and consumed.count("poison") >= 2)
+                await wait_until(lambda: billing.blocked_queues())  # the poison is back, and blocks again
+    finally:  # the screenshots taken are kept even when the test fails: they show where
+        artifacts = os.environ.get("TRIMQ_ARTIFACTS")
+        if artifacts:
+            shutil.copytree(shots, Path(artifacts) / "console", dirs_exist_ok=True)
     assert len(list(shots.glob("*.png"))) == 13

@@ -190,6 +190,17 @@ def _write_small(rows: Sequence[dict[str, Any]], schema: pa.Schema, path: Path) 
     pq.write_table(table, path / "part-00000.parquet")
 
 
+def _offset_of(ref: str) -> int | None:
+    """The commit-log offset in an offset message id (32 or 56 hex digits), None for anything else."""
+    if len(ref) not in (32, 56):
+        return None
+    try:
+        value = int(ref[-16:], 16)
+    except ValueError:
+        return None
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 def _iso(ms: int | None) -> str | None:
     if ms is None:
         return None
@@ -225,14 +236,6 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
 
     register(spark)
     spark.sparkContext.setJobGroup("trimq-audit", f"audit of {store}")
-    # The audit's projection of the commit log: no property map, the properties it needs as columns, and
-    # the reader's in-split steps and unit hashes (spark_jobs.checks.AUDIT_COLUMNS).
-    parsed = (
-        spark.read.format(FORMAT_NAME)
-        .option("splitSize", str(opts.split_size))
-        .option("columns", ",".join(checks.AUDIT_COLUMNS))
-        .load(str(store))
-    )
     limit = opts.example_limit
     outputs: dict[str, str] = {}
     cached: list[DataFrame] = []
@@ -245,48 +248,60 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
         cached.append(df.persist(StorageLevel.MEMORY_AND_DISK))
         return cached[-1]
 
+    def read(**extra: str) -> DataFrame:
+        """The commit log with the audit's projection (spark_jobs.checks.AUDIT_COLUMNS)."""
+        reader = (spark.read.format(FORMAT_NAME).option("splitSize", str(opts.split_size))
+                  .option("columns", ",".join(checks.AUDIT_COLUMNS)))
+        for k, v in extra.items():
+            reader = reader.option(k, v)
+        return reader.load(str(store))
+
+    if opts.since_ms is not None:
+        def in_window(df: DataFrame) -> DataFrame:
+            return df.where(F.col("malformed") | (F.col("store_timestamp") >= F.lit(opts.since_ms)))
+    else:
+        def in_window(df: DataFrame) -> DataFrame:
+            return df
+
     try:
-        # 1. Parse the segments once, into Spark's cache (memory, then spark.local.dir); every check reads
-        # the cache. The first aggregate (queue runs) fills it.
+        # 1. One pass over the commit log. The Python readers compute the aggregates of every record for
+        # their split (queue runs, key runs, per-minute throughput, the size histogram: spark_jobs.partials)
+        # and send only those partial rows and the records the checks report or follow (malformed regions,
+        # CRC and offset mismatches, retry/schedule/DLQ records): the JVM never converts every record.
         progress("reading the commit log")
-        all_records = keep(parsed)
+        part_opts = {"partials": "true"}
         if opts.since_ms is not None:
-            in_window = F.col("malformed") | (F.col("store_timestamp") >= F.lit(opts.since_ms))
-            records = all_records.where(in_window)
-        else:
-            in_window = F.lit(True)
-            records = all_records
-        run_rows = _rows(checks.queue_runs(all_records, in_window))
+            part_opts["sinceMs"] = str(opts.since_ms)
+        partials = keep(read(**part_opts))
+        rec_cols = list(checks.AUDIT_COLUMNS)
+        noted = partials.where(F.col("kind") == "record").select(*rec_cols)  # already in the window
+        run_rows = _rows(partials.where(F.col("kind") == "queue_run").select(
+            "topic", "queue_id", "segment", "split_start", "n", "lo", "hi", "bad", "h1", "h2",
+            F.col("first_offset"), F.col("first_ts").alias("first_store_timestamp"), "first_ts_all", "hi_all"))
         queues = checks.certify_queues(run_rows)
         window_min_offset = None
         if opts.since_ms is not None:
             window_min_offset = min((r["first_offset"] for r in run_rows if r["first_offset"] is not None),
                                     default=None)
-        store_first_ts = min((r["first_store_timestamp"] for r in run_rows
-                              if r["first_store_timestamp"] is not None), default=None)
+        store_first_ts = min((r["first_ts_all"] for r in run_rows if r["first_ts_all"] is not None), default=None)
         progress(f"records read; {sum(1 for q in queues.values() if not q['clean'])} queue(s) to check in full")
         if opts.write_records:
-            records.drop(*checks.INTERNAL_COLUMNS).write.mode("overwrite").parquet(str(out / "records"))
+            in_window(read()).drop(*checks.INTERNAL_COLUMNS).write.mode("overwrite").parquet(str(out / "records"))
             outputs["records"] = str(out / "records")
             progress("records written")
 
-        # 2. Findings of every check, in one table.
+        # 2. Decide what needs the exact checks: queues whose runs are not contiguous, keys not certified in
+        # one queue and born order, queues whose consume-queue hash sums differ.
         progress("running the checks")
-        parts = [checks.integrity(records), checks.dead_letters(records)]
-        susp_q = [k for k, q in queues.items() if not q["clean"]]
-        if susp_q:
-            qdf = F.broadcast(spark.createDataFrame(susp_q, "topic string, queue_id int"))
-            parts.append(checks.offsets(records.join(qdf, ["topic", "queue_id"])))
-        kruns = keep(checks.key_runs(all_records, in_window))
-        parts.append(checks.key_queues_from_runs(kruns))
-        susp_k = keep(checks.suspicious_keys(kruns))
-        n_keys = susp_k.count()
-        if n_keys:
-            kdf = F.broadcast(susp_k) if n_keys <= _BROADCAST_ROWS else susp_k
-            keyed = records.withColumn("key", checks.key_column(records)).join(kdf, ["topic", "key"])
-            parts.append(checks.born_order(keyed.drop("key")))
-        progress(f"{n_keys} key(s) to check in full")
+        kruns = keep(partials.where(F.col("kind") == "key_run").select(
+            "topic", F.col("shard_key").alias("key"), "queue_id", "segment", "split_start", "n_w", "first_w",
+            "first_phys", "first_born", "last_born", "inversions"))
+        susp_q = sorted(k for k, q in queues.items() if not q["clean"])
+        susp_k = [(r["topic"], r["key"]) for r in checks.suspicious_keys(kruns).collect()]
+        progress(f"{len(susp_k)} key(s) to check in full")
+        differ: list[tuple[str, int]] = []
         cq_ends: dict[tuple[str, int], int] = {}
+        units = None
         if has_cq:
             floor = max(first_base, window_min_offset or 0)
             summary_rows = _rows(
@@ -310,19 +325,46 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
             )
             progress(f"consume queues summarised; {len(differ)} queue(s) to compare unit by unit")
             if differ:
-                n_units = sum(cq_q.get(k, [0, 0, 0, 0])[3] for k in differ)
                 units = keep(
                     spark.read.format(CQ_FORMAT_NAME)
                     .option("queues", ",".join(f"{t}:{q}" for t, q in differ)).load(str(store))
                 )
-                qdf = F.broadcast(spark.createDataFrame(differ, "topic string, queue_id int"))
-                parts.append(
-                    checks.consume_queue(
-                        records.join(qdf, ["topic", "queue_id"]), all_records, units,
-                        commitlog_min_offset=first_base, window_min_offset=window_min_offset,
-                        broadcast_units=n_units <= _BROADCAST_ROWS,
-                    )
+
+        # 3. Lineage references, then one targeted read (only when something needs it) of the records of
+        # the uncertified queues and keys, at the units' offsets, and the originals the retries name.
+        red_rows = checks.redeliveries(noted).where(F.col("ref_kind") != "self").select("ref").distinct().collect()
+        refs = [r["ref"] for r in red_rows]
+        ref_offsets = [o for o in (_offset_of(r) for r in refs) if o is not None]
+        unit_offsets: list[int] = []
+        if units is not None:
+            floor = max(first_base, window_min_offset or 0)
+            unit_offsets = [r[0] for r in units.where(F.col("commitlog_offset") >= floor)
+                            .select("commitlog_offset").collect()]
+        spec = {"queues": [list(k) for k in sorted(set(susp_q) | set(differ))], "keys": [list(k) for k in susp_k],
+                "offsets": sorted(set(ref_offsets) | set(unit_offsets)), "uniq_keys": refs}
+        if any(spec.values()):
+            progress("reading the records to check in full")
+            subset = keep(read(filter=json.dumps(spec)))
+        else:
+            subset = spark.createDataFrame([], noted.schema)
+        sub_window = in_window(subset)
+        parts = [checks.integrity(noted), checks.dead_letters(noted), checks.key_queues_from_runs(kruns)]
+        if susp_q:
+            qdf = F.broadcast(spark.createDataFrame(susp_q, "topic string, queue_id int"))
+            parts.append(checks.offsets(sub_window.join(qdf, ["topic", "queue_id"])))
+        if susp_k:
+            kdf = F.broadcast(spark.createDataFrame(susp_k, "topic string, key string"))
+            keyed = sub_window.withColumn("key", checks.key_column(sub_window)).join(kdf, ["topic", "key"])
+            parts.append(checks.born_order(keyed.drop("key")))
+        if units is not None and differ:
+            qdf = F.broadcast(spark.createDataFrame(differ, "topic string, queue_id int"))
+            parts.append(
+                checks.consume_queue(
+                    sub_window.join(qdf, ["topic", "queue_id"]), subset, units,
+                    commitlog_min_offset=first_base, window_min_offset=window_min_offset,
+                    broadcast_units=True,
                 )
+            )
         queue_end_rows: list[dict[str, Any]] = []
         if consumer_offsets is not None:
             for (topic, qid) in sorted(set(queues) | set(cq_ends)):
@@ -338,7 +380,7 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
 
         # 3. Lineage (before the findings: retry_without_origin comes from it), groups, poison keys.
         progress("retry and dead-letter lineage")
-        chains = keep(checks.lineage(records, all_records))
+        chains = keep(checks.lineage(noted, subset))
         parts.append(checks.retry_without_origin(chains, commitlog_min_offset=first_base,
                                                  first_store_timestamp=store_first_ts))
         findings = parts[0]
@@ -359,7 +401,7 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
             .orderBy(F.desc("dead_lettered"), F.desc("retries"), "group", "origin").limit(limit)
         )
         group_rows = sorted(_rows(checks.group_retry_stats(chains)), key=lambda r: r["group"])
-        poison_rows = sorted(_rows(checks.poison_keys(records, opts.top_keys)), key=lambda r: (r["group"], r["rank"]))
+        poison_rows = sorted(_rows(checks.poison_keys(noted, opts.top_keys)), key=lambda r: (r["group"], r["rank"]))
         _write_small(group_rows, _GROUP_SCHEMA, out / "group_retries")
         _write_small(poison_rows, _POISON_SCHEMA, out / "poison_keys")
         outputs["group_retries"] = str(out / "group_retries")
@@ -368,16 +410,17 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
 
         # 4. Volume: per-minute throughput (Parquet) and exact per-topic sizes from a size histogram.
         progress("throughput and sizes")
-        checks.throughput(records).write.mode("overwrite").parquet(str(out / "throughput"))
+        minutes = partials.where(F.col("kind") == "minute").groupBy("topic", "minute_ms").agg(
+            F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"), F.min("min_size").alias("min_size"),
+            (F.sum("bytes") / F.sum("messages")).alias("avg_size"), F.max("max_size").alias("max_size"),
+        )
+        minutes.write.mode("overwrite").parquet(str(out / "throughput"))
         outputs["throughput"] = str(out / "throughput")
-        hist = checks.size_histogram(records).limit(_HISTOGRAM_ROWS + 1).collect()
-        if len(hist) <= _HISTOGRAM_ROWS:
-            size_rows = checks.sizes_from_histogram(r.asDict() for r in hist)
-        else:  # too many distinct sizes to bring to the driver: approximate percentiles in Spark
-            size_rows = _rows(checks.size_distribution(records))
-            for r in size_rows:
-                pct = r.pop("p50_p90_p99") or [None, None, None]
-                r["p50_size"], r["p90_size"], r["p99_size"] = pct
+        hist = _rows(partials.where(F.col("kind") == "size").groupBy("topic", "queue_id", "total_size").agg(
+            F.sum("messages").alias("messages"), F.min("first_store_ts").alias("first_store_timestamp"),
+            F.max("last_store_ts").alias("last_store_timestamp"),
+        ))
+        size_rows = checks.sizes_from_histogram(hist)
         size_rows.sort(key=lambda r: (-r["messages"], r["topic"]))
         _write_small(size_rows, _SIZE_SCHEMA, out / "sizes")
         outputs["sizes"] = str(out / "sizes")
@@ -473,7 +516,6 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
 
 
 _BROADCAST_ROWS = 2_000_000  # suspicious queues/keys/units up to this many rows are broadcast (no shuffle)
-_HISTOGRAM_ROWS = 200_000  # (topic, queue, size) rows brought to the driver for exact percentiles
 
 _GROUP_SCHEMA = pa.schema(
     [("group", pa.string()), ("retries", pa.int64()), ("scheduled", pa.int64()), ("dlq_arrivals", pa.int64()),

@@ -17,6 +17,12 @@ Options (case-insensitive):
   column). Default: every record column, ``RECORD_SCHEMA``.
 * ``scanner`` -- ``vectorized`` (default: ``spark_jobs.vectorized``, column-wise Arrow batches) or
   ``sequential`` (``spark_jobs.parser``, record by record; the same rows, kept as the reference).
+* ``partials`` -- ``true``: instead of every record, the audit's map-side partial aggregates per split and
+  the records its checks report or follow (``spark_jobs.partials``; needs ``columns``, the audit's
+  projection; ``sinceMs`` sets the window).
+* ``filter`` -- JSON ``{"queues": [[topic, qid]...], "keys": [[topic, shard_key]...], "offsets": [...],
+  "uniq_keys": [...]}``: only the records in one of those queues or keys, at one of those commit-log
+  offsets, or with one of those UNIQ_KEYs (the audit's targeted second reads).
 
 ``spark.read.format("trimq-consumequeue").load(path)`` reads ``consumequeue/<topic>/<qid>/`` files of
 20-byte units (all-zero units, i.e. unwritten ones, are skipped). Options: ``queues`` (``topic:qid,...``:
@@ -60,6 +66,7 @@ from trimq.spark_jobs.parser import (
     plan_splits,
     resolve_segments,
 )
+from trimq.spark_jobs.partials import PARTIAL_FIELDS, SplitPartials
 from trimq.spark_jobs.vectorized import VectorScanner, batch_to_arrow, column_type, unit_hashes
 
 FORMAT_NAME = "trimq-commitlog"
@@ -197,9 +204,11 @@ def columns_option(options: Mapping[str, str]) -> tuple[str, ...] | None:
     return names
 
 
-def spark_schema(columns: Sequence[str] | None) -> StructType:
-    """The Spark schema of a projection (None: ``RECORD_SCHEMA``)."""
+def spark_schema(columns: Sequence[str] | None, partials: bool = False) -> StructType:
+    """The Spark schema of a projection (None: ``RECORD_SCHEMA``), with the partial-aggregate columns."""
     if columns is None:
+        if partials:
+            raise OptionError("option partials needs option columns (the audit's projection)")
         return RECORD_SCHEMA
     fields = []
     for c in columns:
@@ -207,7 +216,52 @@ def spark_schema(columns: Sequence[str] | None) -> StructType:
             fields.append(StructField(c, RECORD_SCHEMA[c].dataType))
         else:
             fields.append(StructField(c, _SPARK_TYPES[column_type(c)]))
+    if partials:
+        fields += [StructField(name, _SPARK_TYPES[typ]) for name, typ in PARTIAL_FIELDS]
     return StructType(fields)
+
+
+def _filter_option(options: Mapping[str, str]) -> dict | None:
+    raw = options.get("filter")
+    if raw is None:
+        return None
+    import json
+
+    try:
+        spec = json.loads(str(raw))
+    except ValueError as exc:
+        raise OptionError(f"option filter is not JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise OptionError("option filter must be a JSON object")
+    return {
+        "queues": {(str(t), int(q)) for t, q in spec.get("queues", [])},
+        "keys": {(str(t), str(k)) for t, k in spec.get("keys", [])},
+        "offsets": {int(o) for o in spec.get("offsets", [])},
+        "uniq_keys": {str(u) for u in spec.get("uniq_keys", [])},
+    }
+
+
+def _apply_filter(batch: pa.RecordBatch, spec: dict) -> pa.RecordBatch:
+    """The rows of ``batch`` that one of the filter's sets selects."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = batch.num_rows
+    keep = np.zeros(n, dtype=bool)
+    names = batch.schema.names
+    if spec["offsets"] and "physical_offset" in names:
+        keep |= np.asarray(pc.fill_null(pc.is_in(batch.column("physical_offset"),
+                                                  pa.array(sorted(spec["offsets"]), pa.int64())), False))
+    if spec["uniq_keys"] and "prop_UNIQ_KEY" in names:
+        keep |= np.asarray(pc.fill_null(pc.is_in(pc.utf8_trim_whitespace(batch.column("prop_UNIQ_KEY")),
+                                                  pa.array(sorted(spec["uniq_keys"]))), False))
+    for field, key_col in (("queues", "queue_id"), ("keys", "shard_key")):
+        if spec[field] and key_col in names:
+            wanted = spec[field]
+            tops = batch.column("topic").to_pylist()
+            ks = batch.column(key_col).to_pylist()
+            keep |= np.fromiter(((t, k) in wanted for t, k in zip(tops, ks, strict=True)), dtype=bool, count=n)
+    return batch.filter(pa.array(keep))
 
 
 class CommitLogReader(DataSourceReader):
@@ -220,6 +274,9 @@ class CommitLogReader(DataSourceReader):
         self.max_record_size = parse_size(options.get("maxRecordSize", DEFAULT_MAX_RECORD_SIZE), "maxRecordSize")
         self.include_body = _bool_option(options, "includeBody", False)
         self.columns = columns_option(options)
+        self.partials = _bool_option(options, "partials", False)
+        self.since_ms = int(options["sinceMs"]) if options.get("sinceMs") not in (None, "") else None
+        self.filter = _filter_option(options)
         self.scanner = str(options.get("scanner", "vectorized")).strip().lower()
         if self.scanner not in ("vectorized", "sequential"):
             raise OptionError(f"option scanner must be vectorized or sequential, got {options['scanner']!r}")
@@ -247,13 +304,25 @@ class CommitLogReader(DataSourceReader):
             for batch in scanner.batches():
                 yield batch_to_arrow(batch, schema)
             return
-        yield from VectorScanner(
+        if self.partials:
+            assert self.columns is not None
+            yield from SplitPartials(split, self.columns, since_ms=self.since_ms, batch_size=self.batch_size,
+                                     max_record_size=self.max_record_size).batches()
+            return
+        batches = VectorScanner(
             split,
             columns=self.columns,
             include_body=self.include_body,
             batch_size=self.batch_size,
             max_record_size=self.max_record_size,
         ).batches()
+        if self.filter is None:
+            yield from batches
+            return
+        for batch in batches:
+            kept = _apply_filter(batch, self.filter)
+            if kept.num_rows:
+                yield kept
 
 
 class CommitLogDataSource(DataSource):
@@ -264,7 +333,7 @@ class CommitLogDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
-        return spark_schema(columns_option(self.options))
+        return spark_schema(columns_option(self.options), _bool_option(self.options, "partials", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if schema != self.schema():

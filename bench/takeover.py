@@ -406,6 +406,7 @@ def run_scenario(args: argparse.Namespace) -> dict[str, Any]:
         else:
             os.kill(srv.pid, signal.SIGKILL)
             srv.proc.wait(10)
+            time.sleep(args.broker_down_s)
             srv, t_spawn, t_listen = _restart_broker(os.path.join(workdir, "server"), args)
             res["broker_down_s"] = round((t_spawn - t0) / 1e9, 3)
             res["broker_recovery_s"] = round((t_listen - t_spawn) / 1e9, 3)
@@ -698,6 +699,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail-s", type=float, default=2.0, help="traffic after the takeover (and the victim's return)")
     p.add_argument("--max-wait-s", type=float, default=150.0, help="longest wait for the takeover")
     p.add_argument("--lease-ms", type=int, default=2000, help="the broker's lease (its lease_ms setting)")
+    p.add_argument("--broker-down-s", type=float, default=0.0,
+                   help="broker-restart: wait this long before starting it again (longer than a lease: no claims)")
     p.add_argument("--workroot", default="/tmp/trimq-peerbench")
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--messages", type=int, default=400_000, help="workload size (the producer stops earlier)")

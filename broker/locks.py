@@ -379,6 +379,12 @@ class RebalanceLockManager:
         """True while the restart grace lasts."""
         return self._grace_until is not None and self._now_ms() <= self._grace_until
 
+    def restart_grace_remaining_ms(self) -> int:
+        """Milliseconds until the restart grace is over (0 when it is)."""
+        if self._grace_until is None:
+            return 0
+        return max(0, self._grace_until - self._now_ms() + 1)  # strictly after grace_until
+
     def current_epoch(self, group: str, mq: MessageQueue) -> int | None:
         """The epoch of the latest grant of ``mq`` in ``group`` since this broker started (live, released or
         expired), None if it was never locked since. Offset commits carrying an older epoch are refused."""

@@ -150,7 +150,9 @@ class LockBatchAnswer:
     (None from a broker that does not say); ``epochs``: the fencing epoch of each held queue (empty from a
     broker that does not grant epochs); ``lease_ms``: how long the caller may rely on the locks, counted from
     when it sent the request (None: the broker does not say); ``member``: False when the broker does not count
-    the caller as a member of the group (it must heartbeat again), None when the broker does not say.
+    the caller as a member of the group (it must heartbeat again), None when the broker does not say;
+    ``grace_ms``: the broker restarted and keeps some of the requested queues for their claimants for this long
+    (ask again then), None otherwise.
     """
 
     held: set[MessageQueue]
@@ -158,6 +160,7 @@ class LockBatchAnswer:
     epochs: dict[MessageQueue, int] = field(default_factory=dict)
     lease_ms: int | None = None
     member: bool | None = None
+    grace_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -773,7 +776,10 @@ class MQClientAPI:
         member = m.get("member")
         if member is not None and not isinstance(member, bool):
             raise _malformed(what, addr, f"member must be true or false, got {member!r}")
-        return LockBatchAnswer(held, kept, epochs, lease, member)
+        grace = m.get("graceMs")
+        if grace is not None and (type(grace) is not int or grace < 0):
+            raise _malformed(what, addr, f"graceMs must be a non-negative integer, got {grace!r}")
+        return LockBatchAnswer(held, kept, epochs, lease, member, grace)
 
     async def unlock_batch_mq(
         self,

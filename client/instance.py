@@ -224,6 +224,7 @@ class ClientInstance:
         self._heartbeat_wakeup = trio.Event()
         self._lease_wakeup = trio.Event()
         self._lease_ms_by_addr: dict[str, int] = {}
+        self._rejoined_at: dict[str, float] = {}
         self.lease_renewals = 0
         """LOCK_BATCH_MQ renewals sent by the renewal task."""
         self._stack: AsyncExitStack | None = None
@@ -667,11 +668,22 @@ class ClientInstance:
                 self._lease_ms_by_addr[addr] = answer.lease_ms
             if answer.member is False:
                 log.info("lease.not_a_member", client_id=self.client_id, group=consumer.group_name, broker=addr)
-                self.heartbeat_immediately()  # rejoin the group (after a pause or a partition)
+                await self.send_heartbeat_to_all_brokers()  # rejoin the group (after a pause, a restart)...
+                now = trio.current_time()
+                if now - self._rejoined_at.get(addr, -1e9) > 1.0:  # (at most once a second: never a busy loop)
+                    self._rejoined_at[addr] = now
+                    self._lease_wakeup.set()  # ... and renew right after, as a member again
+            if answer.grace_ms and self._nursery is not None:
+                # The broker restarted and keeps queues for their claimants a while: ask again the moment it ends.
+                self._nursery.start_soon(self._wake_lease_loop_after, answer.grace_ms / 1000 + 0.01)
         except Exception:
             log.exception("lease.renew_failed", group=consumer.group_name, addr=addr)
         finally:
             in_flight.discard(key)
+
+    async def _wake_lease_loop_after(self, delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        self._lease_wakeup.set()
 
     def _on_connection_closed(self, addr: str) -> None:
         # Called by the transport the moment a connection closes: the broker may release this client's locks

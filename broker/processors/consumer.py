@@ -30,7 +30,7 @@ import trio
 from trimq.broker.config import BrokerConfig
 from trimq.broker.consumers import ConsumerManager, parse_heartbeat
 from trimq.broker.deps import HandlerRegistry, QueueOffsets, SubscriptionGroups, Topics
-from trimq.broker.locks import RebalanceLockManager
+from trimq.broker.locks import RESTART_GRACE_OWNER, RebalanceLockManager
 from trimq.broker.store.atomic import write_json_atomic
 from trimq.broker.store.epoch import BrokerEpochStore, epoch_file_path
 from trimq.broker.store.offsets import ConsumerOffsetManager
@@ -401,13 +401,16 @@ class CoordinationService:
         # keptMQSet (trimq): the locked queues nobody else held since this client's previous lock; a client
         # re-locking any other queue must not trust what it cached of it (client/rebalance/impl.py).
         locked = sorted(result.locked)
-        return RemotingCommand.response_to(cmd, body={
+        body: dict[str, Any] = {
             "lockOKMQSet": [mq.to_wire() for mq in locked],
             "keptMQSet": [mq.to_wire() for mq in sorted(result.kept)],
             "lockEpochs": [result.epochs[mq] for mq in locked],
             "leaseMs": lm.max_live_ms,
             "member": True,
-        })
+        }
+        if RESTART_GRACE_OWNER in result.refused.values():
+            body["graceMs"] = lm.restart_grace_remaining_ms()  # when to ask again for what the grace kept
+        return RemotingCommand.response_to(cmd, body=body)
 
     async def unlock_batch_mq(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """UNLOCK_BATCH_MQ (42): release the caller's locks among ``mqSet``; SUCCESS."""

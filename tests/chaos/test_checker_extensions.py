@@ -115,3 +115,13 @@ def test_a_paused_consumer_starting_a_batch_after_its_lease_is_counted(tmp_path:
     assert "started after lease: 1" in r.text()
     r = run(tmp_path, 12, *parts[:2], consumed([4], "A", 301), pauses=[Pause("A", 100, 300)], lease_ms=50)
     assert r.started_after_lease == 0 and r.ok, r.text()  # the late completion alone is allowed
+
+
+def test_a_paused_consumer_given_its_queue_back_cleanly_is_not_counted(tmp_path: Path) -> None:
+    # After its pause A rejoined; B handed the queue back (A continues at B's frontier) and later took it again
+    # (B continues at A's): ownership moved back and forth without overlap, nothing started after a lease.
+    b1 = [{**r, "consume_time": 200 + i} for i, r in enumerate(consumed([4, 5, 6], "B", 0))]
+    a2 = [{**r, "consume_time": 400 + i} for i, r in enumerate(consumed([7, 8], "A", 0))]
+    b2 = [{**r, "consume_time": 500 + i} for i, r in enumerate(consumed([9, 10, 11], "B", 0))]
+    r = run(tmp_path, 12, consumed([0, 1, 2, 3], "A", 10), b1 + b2, a2, pauses=[Pause("A", 100, 300)], lease_ms=50)
+    assert r.ok and r.started_after_lease == 0, r.text()

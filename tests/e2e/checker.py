@@ -55,10 +55,12 @@ Extras for the chaos suite (tests/chaos/; all optional, the rules above are unch
   exactly after the previous record of a replay continues that replay.
 * ``lease_ms`` (issue 14: queue locks are leases): **started after lease** counts the records a paused consumer
   made after its lease had surely run out (its last renewal was sent before SIGSTOP, so after ``stop_ms +
-  lease_ms``) on a queue another consumer had taken over meanwhile, while that consumer still held it (it
-  consumed the queue both before and after the record) — other than late completions, which were started
-  before the pause. The client starts no batch after its own deadline, so this must be 0; each one is also
-  reported as a violation.
+  lease_ms``) while another consumer held the same queue — other than late completions, which were started
+  before the pause. Holding is read from the offsets: the other consumer had already consumed that offset or
+  a later one since the pause began, or it consumed that offset or an earlier one within ``lease_ms`` after
+  the record (unless one of the two crashed in between, which explains a replay); a clean handover back and
+  forth never does either. The client starts no batch after its own deadline, so this must be 0; each one
+  is also reported as a violation.
 
 Use :func:`check` (returns a :class:`Report`; ``report.ok``, ``report.text()``), or from a shell
 ``python -m tests.e2e.checker --producer P.jsonl --consumer C1.jsonl --consumer C2.jsonl --crashed ID``.
@@ -313,7 +315,7 @@ def check(
 
     if pauses and lease_ms is not None:
         for q, recs in sorted(by_queue.items()):
-            _started_after_lease(q, recs, pauses, late, lease_ms, report)
+            _started_after_lease(q, recs, pauses, late, lease_ms, crash_times, report)
     _check_keys([c for c in consumed if id(c[3]) not in late], produced, key_seqs, allowed_replay, bad, report)
     report.takeovers = _takeovers(stops, by_queue)
     return report
@@ -340,25 +342,29 @@ def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batc
 
 
 def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Pause], late: set[int], lease_ms: int,
-                         report: Report) -> None:
+                         crash_times: Mapping[str, list[int]], report: Report) -> None:
     """Records of a paused consumer on ``q`` started after its lease ran out while another consumer held ``q``
     (module documentation)."""
+
+    def crashed(client: str, lo: int, hi: int) -> bool:
+        return any(lo - STOP_TOLERANCE_MS <= s <= hi for s in crash_times.get(client, ()))
+
     for p in pauses:
         expired = p.stop_ms + lease_ms
-        takers = [r for r in recs if r["client_id"] != p.client_id and int(r["consume_time"]) > p.stop_ms]
-        if not takers:
-            continue
-        taker = takers[0]["client_id"]
-        taker_times = [int(r["consume_time"]) for r in takers if r["client_id"] == taker]
+        others = [r for r in recs if r["client_id"] != p.client_id and int(r["consume_time"]) > p.stop_ms]
         for r in recs:
-            t = int(r["consume_time"])
+            t, o = int(r["consume_time"]), int(r["queue_offset"])
             if r["client_id"] != p.client_id or id(r) in late or t <= expired or t < p.cont_ms:
                 continue
-            if taker_times[0] <= t <= taker_times[-1]:
+            holder = next((x for x in others if (
+                (int(x["consume_time"]) <= t and int(x["queue_offset"]) >= o
+                 and not crashed(x["client_id"], int(x["consume_time"]), t))
+                or (t < int(x["consume_time"]) <= t + lease_ms and int(x["queue_offset"]) <= o
+                    and not crashed(p.client_id, t, int(x["consume_time"]))))), None)
+            if holder is not None:
                 report.started_after_lease += 1
-                report.violations.append(f"{_qname(q)}: {p.client_id} consumed offset {r['queue_offset']} at {t}, "
-                                         f"after its lease ran out (paused at {p.stop_ms}), while {taker} held the "
-                                         "queue")
+                report.violations.append(f"{_qname(q)}: {p.client_id} consumed offset {o} at {t}, after its lease ran "
+                                         f"out (paused at {p.stop_ms}), while {holder['client_id']} held the queue")
 
 
 def _check_monotonic(q: Queue, samples: list[tuple[int, int]], crashes: list[BrokerCrash], report: Report) -> None:

@@ -20,6 +20,7 @@ from trimq.broker.acl import AccessValidator, load_acl
 from trimq.broker.config import BrokerConfig
 from trimq.broker.consumers import ConsumerManager
 from trimq.broker.ha.controller import HAController
+from trimq.broker.ha.offset_sync import OffsetMergeService, merge_by_commit_version, offsets_newer_here
 from trimq.broker.locks import RebalanceLockManager
 from trimq.broker.long_polling import LongPolling
 from trimq.broker.metrics import BrokerCollector, BrokerMetrics
@@ -152,7 +153,12 @@ class Broker:
         self.ha_controller = HAController(
             config=config, registry=server, store=self.store, topics=topics, groups=groups,
             offsets=self.offset_manager, schedule=self.schedule_message_service, locks=self.lock_manager,
-            epoch_store=self.coordination_service.epoch_store, address=self.advertised_host)
+            epoch_store=self.coordination_service.epoch_store, address=self.advertised_host,
+            merge_offsets=merge_by_commit_version)
+        # Offsets committed to the slave while the master was away survive its return (merged by commit version,
+        # both ways: broker/ha/offset_sync.py), unlike RocketMQ's overwrite.
+        self.ha_controller.sync.push_offsets = offsets_newer_here
+        self.offset_merge_service = OffsetMergeService(registry=server, offsets=self.offset_manager)
         self.register_service.ha = self.ha_controller
         self.basic_service.ha_status = self.ha_controller.status
         self.ha_controller.listeners.append(self.register_service.wake)

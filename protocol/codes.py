@@ -63,6 +63,7 @@ class RequestCode(IntEnum):
     SKIP_MESSAGE = 9004
     GET_SUBSCRIPTION_CONSISTENCY = 9005
     PROMOTE_BROKER = 9010  # HA (issue 15): turn a slave into its broker name's master, with a newer epoch
+    MERGE_CONSUMER_OFFSET = 9011  # HA (issue 15): a slave hands its master the offsets committed to it
 
 
 class ResponseCode(IntEnum):

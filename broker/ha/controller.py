@@ -326,6 +326,7 @@ class HAController:
     def _on_master(self, ack: HelloAck) -> None:
         if not self.learned_master_addr and ack.master_addr:
             self.store.not_writable_reason = self._slave_reason()
+        self.sync.wake()  # (re)connected: merge offsets both ways now, not up to 10 s later
 
     # -- requests -----------------------------------------------------------------------------------------------
     async def promote_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:

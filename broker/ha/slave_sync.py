@@ -75,6 +75,9 @@ class SyncedDelayOffsets(Protocol):
 
 #: ``(the slave's offsets, the master's GET_ALL_CONSUMER_OFFSET body) -> queues changed``.
 OffsetMerge = Callable[[Any, dict[str, Any]], int]
+#: ``(the slave's offsets, the master's GET_ALL_CONSUMER_OFFSET body) -> MERGE_CONSUMER_OFFSET body or None``:
+#: what the slave hands back to its master after the merge (issue 15 part 2: offsets committed to the slave).
+OffsetPush = Callable[[Any, dict[str, Any]], "dict[str, Any] | None"]
 
 
 def overwrite_offsets(offsets: SyncedOffsets, body: dict[str, Any]) -> int:
@@ -113,16 +116,27 @@ class SlaveSynchronize:
         self.schedule = schedule
         self.interval_s = interval_ms / 1000
         self.merge_offsets = merge_offsets
+        #: Set by the composition root (broker/broker.py) to hand newer slave offsets back to the master.
+        self.push_offsets: OffsetPush | None = None
+        self.pushed_offsets = 0  # queues handed to the master (MERGE_CONSUMER_OFFSET)
+        self._wakeup = trio.Event()
         self.syncs = 0  # completed rounds (tests, metrics)
         self.last_sync_time = 0.0  # trio clock of the last completed round
         self._errors = RateLimiter(60_000)
 
     async def run(self, rc: RemotingClient) -> None:
         """Sync 3 s after the start, then every ``interval_ms``, until cancelled."""
-        await trio.sleep(FIRST_SYNC_DELAY_S)
+        with trio.move_on_after(FIRST_SYNC_DELAY_S):
+            await self._wakeup.wait()
         while True:
+            self._wakeup = trio.Event()
             await self.sync_all(rc)
-            await trio.sleep(self.interval_s)
+            with trio.move_on_after(self.interval_s):
+                await self._wakeup.wait()
+
+    def wake(self) -> None:
+        """Sync now (the slave has just connected to its master: hand over what was committed meanwhile)."""
+        self._wakeup.set()
 
     async def sync_all(self, rc: RemotingClient) -> bool:
         """One round; False when the master is unknown or a request failed (logged, rate-limited)."""
@@ -174,6 +188,15 @@ class SlaveSynchronize:
         changed = self.merge_offsets(self.offsets, body)
         if changed:
             log.info("ha.offsets_synced", master=addr, changed=changed)
+        push = self.push_offsets(self.offsets, body) if self.push_offsets is not None else None
+        if push:
+            resp = await rc.invoke(addr, RemotingCommand.request(RequestCode.MERGE_CONSUMER_OFFSET, {}, push),
+                                   REQUEST_TIMEOUT_S)
+            if resp.code != ResponseCode.SUCCESS:
+                raise ValueError(f"MERGE_CONSUMER_OFFSET answered {resp.code}: {resp.remark}")
+            n = sum(len(q) for q in push["offsetTable"].values())
+            self.pushed_offsets += n
+            log.info("ha.offsets_handed_to_master", master=addr, queues=n)
 
     async def _sync_delay_offsets(self, rc: RemotingClient, addr: str) -> None:
         if self.schedule is None:

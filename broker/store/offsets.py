@@ -22,6 +22,12 @@ Two deliberate differences from RocketMQ:
   cannot write the old position back over the reset. Locks play no part: it works for concurrent groups too.
   Commits without the field (RocketMQ's clients) are judged as before. The table is persisted with the
   offsets (``resetGenerationTable``, which RocketMQ ignores) and never goes back.
+* **Commit versions** (issue 15, HA): every change of a queue's offset stamps it with a commit version
+  ``(reset generation, sequence)``; the sequence is a hybrid logical clock, ``max(previous + 1, wall ms)``, so
+  it grows with every change of the queue on one broker and orders changes made on a master and on its slave
+  (while the master was away) by when they were made. A slave's metadata sync merges its master's table with
+  its own by these versions (broker/store/offset_merge.py), never by the larger offset, and hands the master the
+  offsets committed on the slave that are newer (``local_changes``). Persisted as ``commitVersionTable``.
 * **Fencing by owner** (DESIGN.md §6.2), for updates without an epoch (pull commit offsets, older clients):
   for a group consuming orderly, an update for a queue whose *live* broker lock belongs to another client is
   refused the same way. A queue nobody holds live accepts them from anyone (RocketMQ compatibility:
@@ -131,6 +137,11 @@ class ConsumerOffsetManager:
         #: Pull commit offsets ignored because the stored offset was already further (see commit_offset).
         self.stale_pull_commits = 0
         self._reset_generations: dict[str, int] = {}  # "topic@group" -> generation (0: never reset)
+        #: ("topic@group", queue id) -> commit version (reset generation, sequence) of the queue's offset.
+        self._commit_versions: dict[tuple[str, int], tuple[int, int]] = {}
+        #: Queues whose offset changed here (a commit or a reset) rather than by a merge from another broker: what
+        #: a slave hands its master (broker/store/offset_merge.py); cleared once the master has them.
+        self.local_changes: set[tuple[str, int]] = set()
         #: Commits refused per group because they were made before a reset (an older reset generation).
         self.stale_generation_updates: Counter[str] = Counter()
 
@@ -261,7 +272,7 @@ class ConsumerOffsetManager:
         if source == "pull" and offset < self.query_offset(group, topic, queue_id):
             self.stale_pull_commits += 1
             return True
-        self._set(group, topic, queue_id, offset)
+        self._set(group, topic, queue_id, offset, generation=reset_generation)
         self.applied_updates += 1
         return True
 
@@ -283,15 +294,65 @@ class ConsumerOffsetManager:
                 n += len(queues)
                 for qid in queues:
                     self._updated_at.pop((k, qid), None)
+                    self._commit_versions.pop((k, qid), None)
+                    self.local_changes.discard((k, qid))
         if n:
             self._version += 1
         return n
 
-    def _set(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def _set(self, group: str, topic: str, queue_id: int, offset: int, *, generation: int | None = None) -> None:
         k = self.key(group, topic)
+        now = self._now_ms()
         self._table.setdefault(k, {})[queue_id] = offset
-        self._updated_at[(k, queue_id)] = self._now_ms()
+        self._updated_at[(k, queue_id)] = now
+        # The commit version: the generation the offset belongs to (a commit can carry a reset this broker has not
+        # synced yet: a slave), and the next tick of the queue's hybrid logical clock.
+        gen = max(self._reset_generations.get(k, 0), generation or 0)
+        if gen > self._reset_generations.get(k, 0):
+            self._reset_generations[k] = gen
+        _, seq = self._commit_versions.get((k, queue_id), (0, 0))
+        self._commit_versions[(k, queue_id)] = (gen, max(seq + 1, now))
+        self.local_changes.add((k, queue_id))
         self._version += 1
+
+    # ------------------------------------------------------------------ commit versions (HA, issue 15)
+
+    def commit_version(self, group: str, topic: str, queue_id: int) -> tuple[int, int]:
+        """The queue's commit version ``(reset generation, sequence)``; (generation, 0) when never stamped."""
+        k = self.key(group, topic)
+        return self._commit_versions.get((k, queue_id), (self._reset_generations.get(k, 0), 0))
+
+    def entries(self) -> dict[tuple[str, int], tuple[int, tuple[int, int]]]:
+        """Every stored offset: ("topic@group", queue id) -> (offset, commit version)."""
+        out = {}
+        for k, queues in self._table.items():
+            gen = self._reset_generations.get(k, 0)
+            for qid, offset in queues.items():
+                out[(k, qid)] = (offset, self._commit_versions.get((k, qid), (gen, 0)))
+        return out
+
+    def reset_generations(self) -> dict[str, int]:
+        """A copy of the reset generations, "topic@group" -> generation."""
+        return dict(self._reset_generations)
+
+    def merge_entry(self, key: str, queue_id: int, offset: int, version: tuple[int, int]) -> None:
+        """Take another broker's offset with its commit version (a merge: not a local change)."""
+        _check_offset(offset)
+        self._table.setdefault(key, {})[queue_id] = offset
+        self._commit_versions[(key, queue_id)] = version
+        self._updated_at[(key, queue_id)] = self._now_ms()
+        self.local_changes.discard((key, queue_id))
+        if version[0] > self._reset_generations.get(key, 0):
+            self._reset_generations[key] = version[0]
+        self._version += 1
+
+    def merge_reset_generation(self, key: str, generation: int) -> bool:
+        """Raise the reset generation of ``key`` to ``generation`` (never lowers it); whether it changed."""
+        if generation <= self._reset_generations.get(key, 0):
+            return False
+        self._reset_generations[key] = generation
+        self._version += 1
+        return True
 
     # ------------------------------------------------------------------ consume progress
 
@@ -328,6 +389,11 @@ class ConsumerOffsetManager:
             "offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self._table.items())}}
         if self._reset_generations:
             doc["resetGenerationTable"] = dict(sorted(self._reset_generations.items()))
+        if self._commit_versions:
+            versions: dict[str, dict[str, list[int]]] = {}
+            for (k, qid), (gen, seq) in sorted(self._commit_versions.items()):
+                versions.setdefault(k, {})[str(qid)] = [gen, seq]
+            doc["commitVersionTable"] = versions
         return doc
 
     def snapshot(self) -> tuple[int, dict[str, Any]]:
@@ -381,6 +447,14 @@ class ConsumerOffsetManager:
         self._reset_generations = {
             str(k): g for k, g in (generations.items() if isinstance(generations, dict) else ())
             if TOPIC_GROUP_SEPARATOR in str(k) and isinstance(g, int) and not isinstance(g, bool) and g > 0}
+        self._commit_versions = {}
+        versions = data.get("commitVersionTable")
+        for k, queues in (versions.items() if isinstance(versions, dict) else ()):
+            for q, v in (queues.items() if isinstance(queues, dict) else ()):
+                if (isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)
+                        and str(q).isdigit() and int(q) in loaded.get(str(k), {})):
+                    self._commit_versions[(str(k), int(q))] = (v[0], v[1])
+        self.local_changes = set()
         self._table = loaded
         self._updated_at.clear()
         self._version = self._persisted_version = 0

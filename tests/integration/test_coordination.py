@@ -389,8 +389,8 @@ async def test_offsets_deterministic_start_and_clean_restart(tmp_path: Path) -> 
         assert await query_offset(rc, addr, 0) == 17
     # clean stop persisted everything; a new broker on the same store answers the same
     saved = json.loads((tmp_path / "config" / "consumerOffset.json").read_text())
-    assert saved == {"offsetTable": {"TopicA@orderly_group": {"0": 17, "1": 5, "3": 123456789012},
-                                     "%RETRY%g2@g2": {"0": 9}}}
+    assert saved["offsetTable"] == {"TopicA@orderly_group": {"0": 17, "1": 5, "3": 123456789012},
+                                    "%RETRY%g2@g2": {"0": 9}}
     async with running_broker(tmp_path) as broker, RemotingClient() as rc:
         addr = broker.address
         assert [await query_offset(rc, addr, q) for q in range(4)] == [17, 5, None, 123456789012]
@@ -406,7 +406,7 @@ async def test_offsets_are_persisted_periodically(tmp_path: Path, autojump_clock
         assert not path.exists()
         # the write runs in a worker thread, during which the mock clock may jump: wait for it, not for time
         await wait_until(lambda: service.stats["offset_persists"] == 1, timeout_s=3600, step_s=1)
-        assert json.loads(path.read_text()) == {"offsetTable": {"TopicA@orderly_group": {"0": 3}}}
+        assert json.loads(path.read_text())["offsetTable"] == {"TopicA@orderly_group": {"0": 3}}
         await trio.sleep(60)  # nothing changed: nothing rewritten
         assert service.stats["offset_persists"] == 1
 

@@ -202,8 +202,11 @@ def test_file_layout_is_rocketmqs(tmp_path: Path) -> None:
     assert om.dirty
     assert om.persist()
     assert not om.dirty and not om.persist()
-    assert json.loads(Path(path).read_text()) == {
-        "offsetTable": {"TopicA@order_group": {"0": 12, "10": 3}, "%RETRY%g2@g2": {"0": 1}}}
+    doc = json.loads(Path(path).read_text())
+    assert doc["offsetTable"] == {"TopicA@order_group": {"0": 12, "10": 3}, "%RETRY%g2@g2": {"0": 1}}
+    # plus the commit versions (issue 15), which RocketMQ ignores
+    assert set(doc) == {"offsetTable", "commitVersionTable"}
+    assert set(doc["commitVersionTable"]["TopicA@order_group"]) == {"0", "10"}
     assert not list(Path(path).parent.glob("*.tmp"))
 
     again = ConsumerOffsetManager(path)
@@ -220,7 +223,7 @@ def test_snapshot_then_later_update_stays_dirty(tmp_path: Path) -> None:
     om.commit_offset(G, T, 0, 2, "c", source="update")  # lands while the snapshot is being written
     om.mark_persisted(version)
     assert om.dirty
-    assert data == {"offsetTable": {"TopicA@order_group": {"0": 1}}}
+    assert data["offsetTable"] == {"TopicA@order_group": {"0": 1}}
 
 
 def test_load_missing_file_is_empty(tmp_path: Path) -> None:

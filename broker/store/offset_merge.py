@@ -1,0 +1,176 @@
+"""Merging two brokers' consumer offsets by commit version (HA, issue 15): pure, no I/O, no trio.
+
+A slave keeps accepting offset commits while its master is away (consumers pull from it then), and when the
+master is back the two tables disagree. RocketMQ 4.9.3's slave overwrites its table with the master's every
+10 s, losing what was committed to the slave; taking the larger offset instead would undo an admin reset that
+moved an offset backwards. Here every queue's offset carries a **commit version** ``(reset generation,
+sequence)`` (broker/store/offsets.py stamps it on every change; the sequence is a hybrid logical clock), and the
+newer version wins, whatever the offsets:
+
+* a queue only one side has is taken by the other;
+* both have it: the larger version wins; equal versions with different offsets (tables from before versions
+  existed, all ``(generation, 0)``) go the master's way, as RocketMQ's overwrite;
+* reset generations are merged by taking the larger, per ``topic@group`` (they never go back).
+
+:func:`merge_by_commit_version` is the slave's half (its metadata sync, broker/ha/slave_sync.py): it takes every
+entry of its master's table that is newer. :func:`offsets_newer_here` is what the slave then sends its master
+(MERGE_CONSUMER_OFFSET): the queues it changed itself (commits) that are still newer than the master's; the
+master applies them with :func:`merge_by_commit_version` too. A queue both sides have at the same version is no
+longer a local change of the slave.
+
+The wire form of a table is GET_ALL_CONSUMER_OFFSET's body: ``offsetTable`` (RocketMQ's), plus
+``resetGenerationTable`` and ``commitVersionTable`` (``{"topic@group": {"<queueId>": [generation, sequence]}}``),
+which RocketMQ ignores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "DecodedTable",
+    "MergeResult",
+    "VersionedOffsets",
+    "decode_table",
+    "merge_by_commit_version",
+    "merge_tables",
+    "offsets_newer_here",
+]
+
+Version = tuple[int, int]
+QueueKey = tuple[str, int]  # ("topic@group", queue id)
+
+
+class VersionedOffsets(Protocol):
+    """The offsets a merge works on (broker/store/offsets.py ConsumerOffsetManager)."""
+
+    local_changes: set[QueueKey]
+
+    def entries(self) -> dict[QueueKey, tuple[int, Version]]: ...
+
+    def reset_generations(self) -> dict[str, int]: ...
+
+    def merge_entry(self, key: str, queue_id: int, offset: int, version: Version) -> None: ...
+
+    def merge_reset_generation(self, key: str, generation: int) -> bool: ...
+
+
+@dataclass(slots=True)
+class DecodedTable:
+    """A table in its wire form, checked: queue -> (offset, version), and the generations."""
+
+    entries: dict[QueueKey, tuple[int, Version]] = field(default_factory=dict)
+    generations: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class MergeResult:
+    """What a merge decided: the queues taken from the remote table (``adopted``), the local ones newer than the
+    remote's that are local changes (``newer_here``: to send to the other side), generations raised."""
+
+    adopted: list[QueueKey] = field(default_factory=list)
+    newer_here: list[QueueKey] = field(default_factory=list)
+    generations_raised: list[str] = field(default_factory=list)
+
+
+def _nat(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def decode_table(body: Any) -> DecodedTable:
+    """Check and decode a GET_ALL_CONSUMER_OFFSET / MERGE_CONSUMER_OFFSET body. ValueError without an
+    ``offsetTable`` map; malformed single entries are skipped (one bad entry does not stop a sync)."""
+    table = body.get("offsetTable") if isinstance(body, dict) else None
+    if not isinstance(table, dict):
+        raise ValueError("the consumer offset body has no offsetTable map")
+    gens_raw = body.get("resetGenerationTable")
+    generations = {str(k): g for k, g in (gens_raw.items() if isinstance(gens_raw, dict) else ())
+                   if "@" in str(k) and _nat(g)}
+    versions_raw = body.get("commitVersionTable")
+    versions = versions_raw if isinstance(versions_raw, dict) else {}
+    out = DecodedTable(generations=generations)
+    for key, queues in table.items():
+        key = str(key)
+        topic, sep, group = key.partition("@")
+        if not sep or not topic or not group or not isinstance(queues, dict):
+            continue
+        qversions = versions.get(key)
+        qversions = qversions if isinstance(qversions, dict) else {}
+        for q, offset in queues.items():
+            try:
+                qid = int(q)
+            except (TypeError, ValueError):
+                continue
+            if qid < 0 or not _nat(offset):
+                continue
+            v = qversions.get(str(q))
+            if isinstance(v, list | tuple) and len(v) == 2 and all(_nat(x) for x in v):
+                version = (int(v[0]), int(v[1]))
+            else:
+                version = (generations.get(key, 0), 0)  # a table without versions (RocketMQ's, or older)
+            out.entries[(key, qid)] = (offset, version)
+    return out
+
+
+def merge_tables(local: dict[QueueKey, tuple[int, Version]], remote: dict[QueueKey, tuple[int, Version]],
+                 local_changes: set[QueueKey]) -> MergeResult:
+    """The decision alone (pure): which remote entries to take and which local changes are newer than remote."""
+    result = MergeResult()
+    for q, (r_offset, r_version) in sorted(remote.items()):
+        mine = local.get(q)
+        if mine is None:
+            result.adopted.append(q)
+            continue
+        l_offset, l_version = mine
+        if r_version > l_version or (r_version == l_version and r_offset != l_offset):
+            result.adopted.append(q)
+        elif l_version > r_version and q in local_changes:
+            result.newer_here.append(q)
+    for q in sorted(local_changes):
+        if q in local and q not in remote:
+            result.newer_here.append(q)
+    return result
+
+
+def merge_by_commit_version(offsets: VersionedOffsets, body: dict[str, Any]) -> int:
+    """Take every entry of ``body`` (another broker's table) that is newer than ours; raise reset generations.
+    Returns how many queues changed. (broker/ha/slave_sync.py's ``merge_offsets`` hook; MERGE_CONSUMER_OFFSET.)"""
+    return len(merge_into(offsets, decode_table(body)).adopted)
+
+
+def merge_into(offsets: VersionedOffsets, remote: DecodedTable) -> MergeResult:
+    """Apply a decoded remote table to ``offsets`` (see :func:`merge_by_commit_version`); the full result."""
+    local = offsets.entries()
+    result = merge_tables(local, remote.entries, offsets.local_changes)
+    for key, gen in sorted(remote.generations.items()):
+        if offsets.merge_reset_generation(key, gen):
+            result.generations_raised.append(key)
+    for key, qid in result.adopted:
+        offset, version = remote.entries[(key, qid)]
+        offsets.merge_entry(key, qid, offset, version)
+    # A local change the remote side now has at the same version is no longer ours to hand over.
+    for q in list(offsets.local_changes):
+        mine, theirs = local.get(q), remote.entries.get(q)
+        if mine is not None and theirs is not None and mine == theirs:
+            offsets.local_changes.discard(q)
+    return result
+
+
+def offsets_newer_here(offsets: VersionedOffsets, body: dict[str, Any]) -> dict[str, Any] | None:
+    """After a merge with ``body`` (the master's table): the MERGE_CONSUMER_OFFSET body of the queues this broker
+    changed itself that are newer than the master's (or that the master does not have); None when there are none."""
+    remote = decode_table(body)
+    local = offsets.entries()
+    result = merge_tables(local, remote.entries, offsets.local_changes)
+    if not result.newer_here:
+        return None
+    table: dict[str, dict[str, int]] = {}
+    versions: dict[str, dict[str, list[int]]] = {}
+    for key, qid in result.newer_here:
+        offset, (gen, seq) = local[(key, qid)]
+        table.setdefault(key, {})[str(qid)] = offset
+        versions.setdefault(key, {})[str(qid)] = [gen, seq]
+    gens = offsets.reset_generations()
+    return {"offsetTable": table, "commitVersionTable": versions,
+            "resetGenerationTable": {k: gens[k] for k in table if gens.get(k, 0) > 0}}

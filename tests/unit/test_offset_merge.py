@@ -1,0 +1,140 @@
+"""Consumer offsets of a master and its slave merged by commit version (issue 15 part 2; pure).
+
+Each broker is a ConsumerOffsetManager with its own injected wall clock; "syncs" move their tables through the
+wire form (encode / GET_ALL_CONSUMER_OFFSET body) as the brokers do."""
+
+from __future__ import annotations
+
+from trimq.broker.store.offset_merge import decode_table, merge_by_commit_version, merge_tables, offsets_newer_here
+from trimq.broker.store.offsets import ConsumerOffsetManager
+
+G, T = "g", "T"
+KEY = f"{T}@{G}"
+
+
+class Clock:
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def pair() -> tuple[ConsumerOffsetManager, ConsumerOffsetManager, Clock]:
+    clock = Clock(1_000_000)
+    return ConsumerOffsetManager(now_ms=clock), ConsumerOffsetManager(now_ms=clock), clock
+
+
+def sync(master: ConsumerOffsetManager, slave: ConsumerOffsetManager) -> dict | None:
+    """One metadata sync round: the slave merges the master's table, then hands back what is newer on it."""
+    body = master.encode()
+    merge_by_commit_version(slave, body)
+    push = offsets_newer_here(slave, body)
+    if push is not None:
+        merge_by_commit_version(master, push)
+    return push
+
+
+def commit(om: ConsumerOffsetManager, qid: int, offset: int, **kw: object) -> None:
+    assert om.commit_offset(G, T, qid, offset, "c", source="update", **kw)  # type: ignore[arg-type]
+
+
+def test_offsets_committed_on_the_slave_while_the_master_was_away_survive_its_return() -> None:
+    master, slave, clock = pair()
+    commit(master, 0, 100)
+    commit(master, 1, 50)
+    assert sync(master, slave) is None  # nothing of the slave's own yet
+    assert slave.query_offset(G, T, 0) == 100 and not slave.local_changes
+    clock.ms += 500
+    commit(master, 0, 120)  # committed after the last sync: the slave never sees it, then the master dies
+    clock.ms += 2_000
+    commit(slave, 0, 110)  # consumers now read from the slave and commit there
+    commit(slave, 1, 80)
+    # the master is back with its old table: the slave keeps its newer commits and hands them over
+    push = sync(master, slave)
+    assert push is not None and push["offsetTable"] == {KEY: {"0": 110, "1": 80}}
+    assert (slave.query_offset(G, T, 0), slave.query_offset(G, T, 1)) == (110, 80)
+    # ... even where the master's stale offset (120) is larger: newer, not larger, wins
+    assert (master.query_offset(G, T, 0), master.query_offset(G, T, 1)) == (110, 80)
+    # handed over: no longer the slave's to push
+    assert sync(master, slave) is None and not slave.local_changes
+
+
+def test_a_commit_on_the_returned_master_wins_over_the_slaves_older_one() -> None:
+    master, slave, clock = pair()
+    commit(slave, 0, 10)
+    clock.ms += 1
+    commit(master, 0, 30)
+    sync(master, slave)
+    assert slave.query_offset(G, T, 0) == 30 and master.query_offset(G, T, 0) == 30
+
+
+def test_an_admin_reset_backwards_is_not_undone_by_a_larger_offset() -> None:
+    master, slave, clock = pair()
+    commit(master, 0, 500)
+    sync(master, slave)
+    clock.ms += 1_000
+    commit(slave, 0, 600)  # while the master is away (then it returns)
+    clock.ms += 1
+    gen = master.bump_reset_generation(G, T)  # an operator resets the group back to 5 ...
+    master.reset_offset(G, T, 0, 5)
+    clock.ms -= 10_000  # ... on a master whose clock is behind the slave's: the generation still decides
+    sync(master, slave)
+    assert slave.query_offset(G, T, 0) == 5 and master.query_offset(G, T, 0) == 5
+    assert slave.reset_generation(G, T) == gen
+    # a commit made before the reset is refused on the slave too now
+    assert not slave.commit_offset(G, T, 0, 601, "c", source="update", reset_generation=gen - 1)
+
+
+def test_a_commit_carrying_a_reset_the_slave_has_not_synced_yet_outranks_the_old_generation() -> None:
+    master, slave, clock = pair()
+    commit(master, 0, 500)
+    sync(master, slave)
+    gen = master.bump_reset_generation(G, T)
+    master.reset_offset(G, T, 0, 5)
+    clock.ms += 100
+    commit(slave, 0, 7, reset_generation=gen)  # the member learned the reset from the master, then it died
+    assert slave.commit_version(G, T, 0)[0] == gen
+    sync(master, slave)
+    assert master.query_offset(G, T, 0) == 7 and slave.query_offset(G, T, 0) == 7
+
+
+def test_a_queue_only_one_side_has_is_taken_and_a_new_group_on_the_slave_reaches_the_master() -> None:
+    master, slave, _ = pair()
+    commit(master, 3, 9)
+    commit(slave, 2, 4)  # a group that first consumed while the master was away
+    push = sync(master, slave)
+    assert push is not None and push["offsetTable"] == {KEY: {"2": 4}}
+    assert master.queue_offsets(G, T) == {2: 4, 3: 9} == slave.queue_offsets(G, T)
+
+
+def test_tables_without_versions_merge_as_rocketmqs_overwrite() -> None:
+    slave = ConsumerOffsetManager()
+    merge_by_commit_version(slave, {"offsetTable": {KEY: {"0": 7}}})
+    assert slave.query_offset(G, T, 0) == 7 and not slave.local_changes
+    merge_by_commit_version(slave, {"offsetTable": {KEY: {"0": 3}}})  # same (unknown) version: the master's value
+    assert slave.query_offset(G, T, 0) == 3
+    assert offsets_newer_here(slave, {"offsetTable": {KEY: {"0": 3}}}) is None
+
+
+def test_the_versions_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    clock = Clock(5_000)
+    path = str(tmp_path / "consumerOffset.json")
+    om = ConsumerOffsetManager(path, now_ms=clock)
+    commit(om, 0, 1)
+    om.persist()
+    again = ConsumerOffsetManager(path, now_ms=clock)
+    again.load()
+    assert again.commit_version(G, T, 0) == om.commit_version(G, T, 0) == (0, 5_000)
+    commit(again, 0, 2)  # the clock did not move: the sequence still grows
+    assert again.commit_version(G, T, 0) == (0, 5_001)
+
+
+def test_decode_skips_malformed_entries_and_merge_tables_is_pure() -> None:
+    body = {"offsetTable": {KEY: {"0": 1, "x": 2, "1": -1, "2": True}, "nogroup": {"0": 1}},
+            "commitVersionTable": {KEY: {"0": [1, 9], "3": "bad"}}, "resetGenerationTable": {KEY: 1, "bad": -1}}
+    table = decode_table(body)
+    assert table.entries == {(KEY, 0): (1, (1, 9))} and table.generations == {KEY: 1}
+    local = {(KEY, 0): (5, (1, 10)), (KEY, 1): (6, (0, 3))}
+    result = merge_tables(local, table.entries, {(KEY, 0), (KEY, 1)})
+    assert result.adopted == [] and result.newer_here == [(KEY, 0), (KEY, 1)]

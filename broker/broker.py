@@ -162,6 +162,9 @@ class Broker:
         self.register_service.ha = self.ha_controller
         self.basic_service.ha_status = self.ha_controller.status
         self.ha_controller.listeners.append(self.register_service.wake)
+        # Only a master delivers delayed messages (RocketMQ's handleScheduleMessageService).
+        self.schedule_message_service.is_master = lambda: self.ha_controller.is_master
+        self.ha_controller.listeners.append(self.schedule_message_service.role_changed)
         self.services.append(self.ha_controller)
         self.metrics: BrokerMetrics | None = None
         if config.metrics_port >= 0:  # installs its hooks before anything is served (0: any free port)

@@ -295,6 +295,11 @@ class ScheduleMessageService:
         self.delivered = 0
         self.skipped_duplicates = 0
         self.dropped = 0
+        #: Whether this broker is a master (HA, issue 15; the composition root wires the HA role): as RocketMQ's
+        #: handleScheduleMessageService, only a master delivers; a slave's progress comes from its master's
+        #: delay offsets (metadata sync) and its copies from the replicated commit log.
+        self.is_master: Callable[[], bool] = lambda: True
+        self._role_changed = trio.Event()
         self.attach(store)
 
     def attach(self, store: Any) -> None:
@@ -380,10 +385,26 @@ class ScheduleMessageService:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            for level in self.table.levels():
-                nursery.start_soon(self._deliver_level, level)
             nursery.start_soon(self._persist_loop)
             task_status.started()
+            while True:
+                self._role_changed = trio.Event()
+                if not self.is_master():
+                    log.info("schedule.idle_on_slave", why="a slave does not deliver delayed messages")
+                    await self._role_changed.wait()
+                    continue
+                async with trio.open_nursery() as delivery:
+                    for level in self.table.levels():
+                        delivery.start_soon(self._deliver_level, level)
+                    while self.is_master():
+                        await self._role_changed.wait()
+                        self._role_changed = trio.Event()
+                    log.info("schedule.stopped_on_slave", why="demoted: the master delivers delayed messages")
+                    delivery.cancel_scope.cancel()
+
+    def role_changed(self) -> None:
+        """The broker's HA role changed: deliver from now on (promoted) or stop delivering (demoted)."""
+        self._role_changed.set()
 
     async def stop(self) -> None:
         if self._started:

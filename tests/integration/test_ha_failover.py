@@ -1,0 +1,117 @@
+"""Master/slave brokers in-process, HA part 2 (issue 15): offsets committed to the slave while its master is
+away survive the master's return (merged by commit version both ways); only a master delivers delayed
+messages (RocketMQ's handleScheduleMessageService), a promoted slave starts delivering."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from trimq.broker.broker import Broker
+from trimq.protocol.codes import RequestCode, ResponseCode
+from trimq.protocol.command import RemotingCommand
+from trimq.protocol.message import encode_properties
+from trimq.runtime.client import RemotingClient
+
+RC = RequestCode
+
+
+async def call(rc: RemotingClient, addr: str, code: int, ext: dict[str, Any] | None = None, body: Any = None
+               ) -> RemotingCommand:
+    return await rc.invoke(addr, RemotingCommand.request(code, ext or {}, body), timeout_s=10)
+
+
+async def send(rc: RemotingClient, addr: str, topic: str, qid: int, body: bytes, **props: str) -> RemotingCommand:
+    ext = {"producerGroup": "pg", "topic": topic, "queueId": qid, "sysFlag": 0, "bornTimestamp": 1, "flag": 0,
+           "properties": encode_properties(props)}
+    return await call(rc, addr, RC.SEND_MESSAGE, ext, body)
+
+
+async def commit(rc: RemotingClient, addr: str, qid: int, offset: int) -> None:
+    r = await call(rc, addr, RC.UPDATE_CONSUMER_OFFSET,
+                   {"consumerGroup": "cg", "topic": "T", "queueId": qid, "commitOffset": offset})
+    assert r.code == ResponseCode.SUCCESS, r.remark
+
+
+async def query(rc: RemotingClient, addr: str, qid: int) -> int:
+    r = await call(rc, addr, RC.QUERY_CONSUMER_OFFSET, {"consumerGroup": "cg", "topic": "T", "queueId": qid})
+    assert r.code == ResponseCode.SUCCESS, r.remark
+    return int(r.ext["offset"])
+
+
+async def until(pred: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    with trio.fail_after(timeout):
+        while not pred():
+            await trio.sleep(0.01)
+
+
+async def run_broker(factory: Callable[..., Any], settings: dict[str, Any], stop: trio.Event,
+                     stopped: trio.Event | None = None,
+                     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
+    """A broker in a task of its own, so it can stop while brokers started after it go on."""
+    async with factory(**settings) as broker:
+        task_status.started(broker)
+        await stop.wait()
+    if stopped is not None:
+        stopped.set()
+
+
+async def test_offsets_committed_on_the_slave_survive_the_masters_return(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
+        tmp_path: Any) -> None:
+    async with namesrv_factory() as ns, trio.open_nursery() as nursery:
+        common = {"namesrv_addr": ns.address, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
+        master_settings = {"store_dir": str(tmp_path / "master"), **common}
+        stop_master, master_stopped = trio.Event(), trio.Event()
+        master: Broker = await nursery.start(run_broker, broker_factory, master_settings, stop_master,
+                                             master_stopped)
+        slave: Broker = await nursery.start(run_broker, broker_factory,
+                                            {"broker_role": "SLAVE", "broker_id": 1, **common}, trio.Event())
+        for i in range(4):
+            assert (await send(rclient, master.address, "T", i % 2, b"m%d" % i)).code == ResponseCode.SUCCESS
+        await commit(rclient, master.address, 0, 1)
+        await commit(rclient, master.address, 1, 1)
+        await until(lambda: slave.ha_controller.client.connected, "the slave following its master")
+        assert await slave.ha_controller.sync.sync_all(rclient)
+        assert slave.offset_manager.query_offset("cg", "T", 1) == 1
+        await commit(rclient, master.address, 1, 5)  # after the last sync: the slave never sees this one
+        # the master goes away; its consumers read from the slave and commit there
+        stop_master.set()
+        await master_stopped.wait()
+        await until(lambda: not slave.ha_controller.client.connected, "the slave noticing")
+        await commit(rclient, slave.address, 0, 2)
+        await commit(rclient, slave.address, 1, 3)  # newer than the master's 5, though smaller
+        # the master returns on its store: the slave reconnects, merges and hands over what was committed to it
+        master = await nursery.start(run_broker, broker_factory, master_settings, trio.Event())
+        assert master.offset_manager.query_offset("cg", "T", 1) == 5  # (its own table, as it stopped)
+        await until(lambda: slave.ha_controller.sync.pushed_offsets >= 2, "the slave handing its offsets over")
+        assert [await query(rclient, master.address, q) for q in (0, 1)] == [2, 3]
+        assert [await query(rclient, slave.address, q) for q in (0, 1)] == [2, 3]
+        # a commit on the returned master is newer again, and the slave takes it at its next sync
+        await commit(rclient, master.address, 1, 4)
+        assert await slave.ha_controller.sync.sync_all(rclient)
+        assert slave.offset_manager.query_offset("cg", "T", 1) == 4
+        assert not slave.offset_manager.local_changes
+        nursery.cancel_scope.cancel()
+
+
+async def test_only_a_master_delivers_delayed_messages(broker_factory: Callable[..., Any],
+                                                       rclient: RemotingClient) -> None:
+    levels = {"message_delay_level": "100ms 200ms"}
+    async with broker_factory(**levels) as master, broker_factory(
+            broker_role="SLAVE", broker_id=1, ha_master_address=master.ha_controller.ha_server_addr,
+            **levels) as slave:
+        r = await send(rclient, master.address, "T", 0, b"later", DELAY="1")
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        await until(lambda: master.schedule_message_service.delivered == 1, "the master's delivery")
+        await until(lambda: slave.store.get_max_offset_in_queue("T", 0) == 1, "the copy replicated")
+        await trio.sleep(0.3)  # the slave had the schedule entry for longer than its delay
+        assert slave.schedule_message_service.delivered == 0
+        # promoted, it delivers
+        r = await call(rclient, slave.address, RC.PROMOTE_BROKER, {"brokerName": "broker-a", "brokerId": 1})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await send(rclient, slave.address, "T", 0, b"later2", DELAY="1")
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        await until(lambda: slave.schedule_message_service.delivered == 1, "the promoted slave's delivery")

@@ -8,7 +8,7 @@ unregisters, when its connection closes (at once) or when it has not heartbeated
 ``channel_expired_timeout_ms`` (120 s, RocketMQ's ClientHousekeepingService; checked by ``scan_not_active``).
 
 **Membership follows the lease** (issue 14, docs/PROTOCOL.md "Queue-lock leases"): with ``lease_expiry_ms`` set,
-an *orderly* member (its heartbeat says ``consumeOrderly``) also leaves when it has neither heartbeated nor
+an *orderly* member (its heartbeat says ``consumeOrderly``, CLUSTERING) also leaves when it has neither heartbeated nor
 renewed its queue locks (``touch``, called for every LOCK_BATCH_MQ, which an orderly client sends to every
 broker every third of a lease even when it holds nothing there) for ``lease_expiry_ms``, the lease plus the
 takeover margin; and with ``disconnect_grace_ms`` set, an orderly member whose connection closed leaves that
@@ -274,6 +274,12 @@ class ConsumerMember(ClientChannelInfo):
     consume_orderly: bool = False
     subscriptions: dict[str, SubscriptionData] = field(default_factory=dict)
 
+    @property
+    def holds_leases(self) -> bool:
+        """An orderly CLUSTERING member: it locks queues and renews them every third of a lease, so the lease
+        rules apply to its membership (a BROADCASTING orderly member locks nothing and heartbeats every 30 s)."""
+        return self.consume_orderly and self.message_model == "CLUSTERING"
+
     def subscription_view(self) -> dict[str, str]:
         """topic -> normalized expression, what consistency compares."""
         return {t: s.normalized for t, s in sorted(self.subscriptions.items())}
@@ -446,7 +452,7 @@ class ConsumerManager:
             for cid, member in list(ginfo.members.items()):
                 if member.conn is not conn:
                     continue
-                if self.disconnect_grace_ms and member.consume_orderly:
+                if self.disconnect_grace_ms and member.holds_leases:
                     # Lease rules: it may reconnect and renew within the grace (scan_leases removes it after).
                     if member.closed_at_ms is None:
                         member.closed_at_ms = self._now_ms()
@@ -508,7 +514,7 @@ class ConsumerManager:
         removed: list[tuple[str, str, str]] = []
         for group, ginfo in list(self._consumers.items()):
             for cid, member in list(ginfo.members.items()):
-                if not member.consume_orderly:
+                if not member.holds_leases:
                     continue
                 if member.closed_at_ms is not None and now - member.closed_at_ms > self.disconnect_grace_ms:
                     reason = "connection_closed"

@@ -318,3 +318,15 @@ async def test_the_rocketmq_profile_keeps_consuming_when_a_connection_drops(auto
     await rb.update_process_queue_table_in_rebalance(T, {mq(0)}, True)
     assert rb.broker_connection_lost(["broker-a"]) == []
     assert rb.process_queue_table[mq(0)].locked
+
+
+def test_broadcasting_orderly_members_keep_rocketmqs_membership_rules() -> None:
+    # They lock nothing, so they never renew: a lease-length silence says nothing about them.
+    clock = Clock()
+    cm = ConsumerManager(now_ms=clock, lease_expiry_ms=2_400, disconnect_grace_ms=300)
+    body = {"clientID": "b", "consumerDataSet": [{
+        "groupName": G, "consumeOrderly": True, "messageModel": "BROADCASTING",
+        "subscriptionDataSet": [{"topic": T, "subString": "*"}]}]}
+    cm.heartbeat(StubConn(), parse_heartbeat(body))
+    clock.now += 60_000
+    assert cm.scan_leases() == [] and cm.get_consumer_ids(G) == ["b"]

@@ -30,6 +30,7 @@ from typing import Any
 
 import trio
 
+from trimq.client.aio import asyncio_native
 from trimq.client.api import SendResult, SendStatus
 from trimq.client.config import ProducerConfig
 from trimq.client.errors import (
@@ -183,8 +184,10 @@ def _validated_properties(msg: Message, max_message_size: int) -> dict[str, str]
     return props
 
 
+@asyncio_native("send", "send_batch", "send_batches", "message_queues")
 class Producer:
-    """Sends messages; see the module documentation. Use as ``async with``."""
+    """Sends messages; see the module documentation. Use as ``async with`` in a trio task or in a running asyncio
+    loop (client.aio: ``await producer.send(...)`` from asyncio without a thread)."""
 
     def __init__(self, config: ProducerConfig, *, instance: ClientInstance | None = None) -> None:
         self.config = config.validate()

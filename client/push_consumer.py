@@ -20,6 +20,15 @@ committed, while failures are neither sent back nor committed; then offsets are 
 broker locks released at once and the group left, so the other members take over within a second (the
 broker notifies them). No message is both sent back and left uncommitted by a shutdown (RocketMQ #7182).
 
+The Pythonic surface, over RocketMQ's (whose names stay):
+
+* ``@consumer.listener(orderly=True)`` registers a listener with a decorator (optionally subscribing too); a
+  function of one argument is a per-message handler (returns: consumed; raises: retried);
+* ``async for msg in consumer.messages()`` with ``async with msg.process():`` (client.stream);
+* ``@consumer.on_assigned`` / ``@consumer.on_revoked``: rebalance callbacks with the queues that came or went;
+* under asyncio, ``async with consumer`` works as is, and ``async def`` listeners and callbacks are asyncio code
+  (client.aio, docs/EMBEDDING.md).
+
 Operators reach a running consumer through its client instance: GET_CONSUMER_RUNNING_INFO (307) answers
 :meth:`PushConsumer.running_info`, SKIP_MESSAGE (9004) calls :meth:`PushConsumer.skip_message`
 (docs/PROTOCOL.md).
@@ -29,19 +38,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import re
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import trio
 from prometheus_client import CollectorRegistry
 
 from trimq.client.admin_handlers import register_admin_handlers, watch_stale_resets
+from trimq.client.aio import asyncio_native
 from trimq.client.config import ConfigError, PushConsumerConfig
-from trimq.client.consume.common import ConsumeHooks, ConsumeMessageDirectlyResult, ConsumeStats
+from trimq.client.consume.common import (
+    ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus,
+    ConsumeHooks,
+    ConsumeMessageDirectlyResult,
+    ConsumeOrderlyStatus,
+    ConsumeStats,
+    is_async_callable,
+)
 from trimq.client.consume.concurrently import ConsumeMessageConcurrentlyService
 from trimq.client.consume.orderly import ConsumeMessageOrderlyService
 from trimq.client.consumer_core import ConsumerCore
@@ -51,6 +70,7 @@ from trimq.client.metrics import ConsumerMetrics, QueueState
 from trimq.client.offset_store import OffsetStore
 from trimq.client.process_queue import ProcessQueue
 from trimq.client.rebalance.strategies import AllocateStrategy
+from trimq.client.stream import MessageStream
 from trimq.client.subscription import build_subscription_data
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
@@ -62,6 +82,10 @@ from trimq.runtime.metrics_http import serve_metrics
 __all__ = ["PushConsumer"]
 
 log = get_logger("trimq.push_consumer")
+
+F = TypeVar("F", bound=Callable[..., Any])
+QueuesCallback = Callable[[list[MessageQueue]], Any]
+"""``on_assigned`` / ``on_revoked`` callbacks: ``fn(queues)``, a plain or an ``async def`` function."""
 
 ROUTE_WATCH_S = 60.0
 
@@ -75,6 +99,8 @@ class _Core(ConsumerCore):
     """The consumer core, timing each rebalance pass for the metrics."""
 
     on_rebalance: Callable[[float], None] | None = None
+    on_rebalanced: Callable[[], Awaitable[None]] | None = None
+    """Called after each rebalance pass (the consumer tells its on_assigned / on_revoked callbacks)."""
 
     async def do_rebalance(self) -> None:
         if not self.running:
@@ -85,6 +111,8 @@ class _Core(ConsumerCore):
         finally:
             if self.on_rebalance is not None:
                 self.on_rebalance(trio.current_time() - start)
+        if self.on_rebalanced is not None:
+            await self.on_rebalanced()
 
 
 def _camel(name: str) -> str:
@@ -92,8 +120,75 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+def _takes_one_message(fn: Callable[..., Any]) -> bool:
+    """True when ``fn`` takes exactly one positional argument (a per-message handler), False for RocketMQ's
+    ``(msgs, context)`` listeners and whatever cannot be inspected."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return len(required) == 1 and len(positional) == 1 and not varargs
+
+
+def _failed(value: Any) -> bool:
+    return value is False or value in (ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT,
+                                       ConsumeConcurrentlyStatus.RECONSUME_LATER, ConsumeOrderlyStatus.ROLLBACK)
+
+
+def per_message_listener(handler: Callable[[MessageExt], Any], orderly: bool) -> Callable[..., Any]:
+    """RocketMQ's ``(msgs, context) -> status`` listener calling ``handler(msg)`` for each message in order.
+
+    A handler that returns (anything but False or a failure status) consumed its message; one that raises or
+    returns a failure makes its message retried: orderly, the whole batch is retried in place (exceptions
+    propagate to the consume service, which logs them); concurrently, the messages before it are committed
+    (``ack_index``) and it and the rest are retried. With the default ``consume_message_batch_max_size`` of 1
+    this is exactly "the message is retried"."""
+    ok: Any = ConsumeOrderlyStatus.SUCCESS if orderly else ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    retry: Any = (ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT if orderly
+                  else ConsumeConcurrentlyStatus.RECONSUME_LATER)
+
+    def failed_at(i: int, context: Any, exc: BaseException | None) -> Any:
+        if i == 0 or orderly or not isinstance(context, ConsumeConcurrentlyContext):
+            if exc is not None:
+                raise exc
+            return retry
+        if exc is not None:
+            log.warning("push_consumer.handler_failed", error=f"{type(exc).__name__}: {exc}", index=i)
+        context.ack_index = i - 1
+        return ok
+
+    if is_async_callable(handler):
+        async def listener(msgs: list[MessageExt], context: Any) -> Any:
+            for i, m in enumerate(msgs):
+                try:
+                    value = await handler(m)
+                except Exception as exc:
+                    return failed_at(i, context, exc)
+                if _failed(value):
+                    return failed_at(i, context, None)
+            return ok
+    else:
+        def listener(msgs: list[MessageExt], context: Any) -> Any:
+            for i, m in enumerate(msgs):
+                try:
+                    value = handler(m)
+                except Exception as exc:
+                    return failed_at(i, context, exc)
+                if _failed(value):
+                    return failed_at(i, context, None)
+            return ok
+
+    functools.update_wrapper(listener, handler)
+    return listener
+
+
+@asyncio_native("shutdown", "skip_message", "consume_message_directly", idle_ok=("shutdown",))
 class PushConsumer:
-    """A push consumer; see the module documentation. Use as ``async with``; start it once."""
+    """A push consumer; see the module documentation. Use as ``async with`` (in a trio task or a running asyncio
+    loop); start it once."""
 
     def __init__(
         self,
@@ -141,6 +236,10 @@ class PushConsumer:
         self._subscriptions: dict[str, str] = {}
         self._listener: Callable[..., Any] | None = None
         self._orderly = False
+        self._stream: MessageStream | None = None
+        self._on_assigned: list[QueuesCallback] = []
+        self._on_revoked: list[QueuesCallback] = []
+        self._assigned: frozenset[MessageQueue] = frozenset()
         self.hooks = ConsumeHooks()
         self.stats = ConsumeStats()
         self.metrics = ConsumerMetrics(self.config.consumer_group, registry)
@@ -191,6 +290,113 @@ class PushConsumer:
         """Consume in parallel: ``listener(msgs, ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus``."""
         self._register(listener, False)
 
+    @overload
+    def listener(self, fn: F, /) -> F: ...
+
+    @overload
+    def listener(self, topic: str | None = None, sub_expression: str = "*", *,
+                 orderly: bool = False) -> Callable[[F], F]: ...
+
+    def listener(self, topic: Any = None, sub_expression: str = "*", *, orderly: bool = False) -> Any:
+        """Register the message listener with a decorator; with ``topic``, also :meth:`subscribe` to it::
+
+            @consumer.listener("Orders", "created || paid", orderly=True)
+            async def on_order(msg: MessageExt) -> None:      # one argument: a per-message handler
+                await handle(msg)                             # returns: consumed; raises: retried
+
+            @consumer.listener(orderly=True)                  # two: RocketMQ's listener, as register_*
+            def on_orders(msgs, context) -> ConsumeOrderlyStatus: ...
+
+        ``orderly`` chooses register_message_listener_orderly (each queue in order, under its lock) or
+        register_message_listener_concurrently. A per-message handler's semantics: :func:`per_message_listener`.
+        ``async def`` functions run as tasks of the consumer's event loop (trio, or asyncio when the consumer
+        is entered from asyncio), plain functions in worker threads. Returns the function unchanged."""
+        if callable(topic):
+            return self.listener()(topic)
+
+        def register(fn: F) -> F:
+            if not callable(fn):
+                raise TypeError(f"a message listener must be callable (async def or def), got {fn!r}")
+            listener = per_message_listener(fn, orderly) if _takes_one_message(fn) else fn
+            if topic is not None:
+                self.subscribe(topic, sub_expression)
+            self._register(listener, orderly)
+            return fn
+
+        return register
+
+    def messages(self, *, orderly: bool | None = None) -> MessageStream:
+        """The consumer's messages as an async iterator, each settled with ``async with msg.process():``
+        (client.stream). The first call, before the consumer starts, makes the stream its listener (orderly or
+        concurrently, default concurrently); later calls return the same stream::
+
+            stream = consumer.messages(orderly=True)
+            async with consumer:
+                async for msg in stream:
+                    async with msg.process():
+                        ...
+        """
+        if self._stream is None:
+            if self._started:
+                raise MQClientError("messages() makes the stream the consumer's listener: call it before starting")
+            stream = MessageStream(orderly=bool(orderly))
+            self._register(stream, stream.orderly)
+            self._stream = stream
+        elif orderly is not None and orderly != self._stream.orderly:
+            raise MQClientError(f"the stream was created with orderly={self._stream.orderly}")
+        return self._stream
+
+    def on_assigned(self, fn: F) -> F:
+        """Call ``fn(queues)`` (sorted :class:`MessageQueue` list) after a rebalance gave this consumer queues of
+        its subscribed topics: pulling them has started (orderly: their broker locks are held). A plain or an
+        ``async def`` function (asyncio code when the consumer runs under asyncio); use as a decorator. An
+        exception is logged. Allowed before or after the start."""
+        if not callable(fn):
+            raise TypeError(f"on_assigned needs a callable, got {fn!r}")
+        self._on_assigned.append(fn)
+        return fn
+
+    def on_revoked(self, fn: F) -> F:
+        """Call ``fn(queues)`` after queues left this consumer (a rebalance moved them, or the consumer shuts down):
+        they are no longer consumed here, their offsets were persisted and (orderly) their locks released, so
+        drop per-queue state there. Same rules as :meth:`on_assigned`."""
+        if not callable(fn):
+            raise TypeError(f"on_revoked needs a callable, got {fn!r}")
+        self._on_revoked.append(fn)
+        return fn
+
+    async def _tell_assignment(self, final: bool = False) -> None:
+        """Tell on_assigned / on_revoked what changed since the last time (module documentation)."""
+        core = self.core
+        held: frozenset[MessageQueue] = frozenset()
+        if core is not None and not final:
+            held = frozenset(mq for mq, pq in core.rebalance.process_queue_table.items()
+                             if not pq.dropped and mq.topic in self._subscriptions)
+        revoked, assigned = sorted(self._assigned - held), sorted(held - self._assigned)
+        self._assigned = held
+        for callbacks, queues, what in ((self._on_revoked, revoked, "on_revoked"),
+                                        (self._on_assigned, assigned, "on_assigned")):
+            if not queues:
+                continue
+            for fn in list(callbacks):
+                try:
+                    result = fn(list(queues))
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception("push_consumer.callback_failed", callback=what, group=self.group_name,
+                                  fn=getattr(fn, "__qualname__", repr(fn)))
+
+    def _adapt_callbacks(self, adapt: Callable[[Any], Any]) -> None:
+        """Called by client.aio before the consumer is entered from asyncio: ``async def`` listeners, hooks and
+        callbacks become asyncio tasks of the host loop (``adapt`` wraps them; trio-native ones stay)."""
+        if self._listener is not None:
+            self._listener = adapt(self._listener)
+        self.hooks.before = [adapt(h) for h in self.hooks.before]
+        self.hooks.after = [adapt(h) for h in self.hooks.after]
+        self._on_assigned = [adapt(f) for f in self._on_assigned]
+        self._on_revoked = [adapt(f) for f in self._on_revoked]
+
     def add_hook(self, before: Callable[[dict[str, Any]], Any] | None = None,
                  after: Callable[[dict[str, Any]], Any] | None = None) -> None:
         """Consume hooks, called before and after each listener call (client.consume.common.ConsumeHooks)."""
@@ -214,7 +420,8 @@ class PushConsumer:
             raise MQClientError("a PushConsumer can be started once; create a new one")
         if self._listener is None:
             raise MQClientError("no message listener: call register_message_listener_orderly() or "
-                                "register_message_listener_concurrently() before starting")
+                                "register_message_listener_concurrently() (or use @consumer.listener, or "
+                                "consumer.messages()) before starting")
         if not self._subscriptions:
             raise MQClientError(f"consumer group {self.group_name!r} has no subscription; call subscribe() first")
         self._started = True
@@ -255,6 +462,7 @@ class PushConsumer:
         self.stats.on_result.append(m.count_consumed)
         self.stats.on_send_back.append(m.count_send_back)
         core.on_rebalance = m.observe_rebalance
+        core.on_rebalanced = self._tell_assignment
 
         def pull_rt(mq: MessageQueue, seconds: float) -> None:
             m.observe_pull(mq.topic, seconds)
@@ -318,6 +526,8 @@ class PushConsumer:
             with trio.CancelScope(shield=True):
                 if core is not None and service is not None:
                     core.stop_pulling()
+                    if self._stream is not None:
+                        self._stream.close()  # messages not handed out yet are given up, the iteration ends
                     service.stop()
                     clean = await service.drain()
                     with trio.move_on_after(self.shutdown_timeout_s) as scope:
@@ -325,6 +535,7 @@ class PushConsumer:
                     if scope.cancelled_caught:
                         log.error("push_consumer.leave_timeout", group=self.group_name,
                                   timeout_s=self.shutdown_timeout_s)
+                    await self._tell_assignment(final=True)
                     log.info("push_consumer.stopped", group=self.group_name, client_id=self.client_id,
                              drained=clean, dropped_results=service.dropped_results,
                              took_ms=int((trio.current_time() - started) * 1000))

@@ -9,7 +9,8 @@
 #   TRIMQ_AUDIT_BIN    the trimq-audit console script      (default /opt/trimq/.venv/bin/trimq-audit)
 #   TRIMQ_AUDIT_SINCE  window; 26h overlaps the previous run (default 26h; "all" for the whole store)
 #   TRIMQ_AUDIT_KEEP   days of reports to keep             (default 30)
-#   TRIMQ_AUDIT_ARGS   extra arguments, e.g. "--master spark://10.0.0.5:7077 --fail-on-dlq"
+#   TRIMQ_AUDIT_ARGS   extra arguments, e.g. "--master spark://10.0.0.5:7077 --fail-on-dlq"; add
+#                      "--write-records" to keep the records table too (one more pass over the store)
 set -eu
 
 STORE=${TRIMQ_STORE:-/var/lib/trimq/store}

@@ -583,18 +583,23 @@ class VectorScanner:
         padded = np.zeros(len(data) + 16, dtype=np.uint8)
         padded[: len(data)] = data
         words = np.ndarray((len(data) + 9,), dtype=">u8", buffer=padded, strides=(1,))
+        first_words = words[starts]  # one gather: the first 8 bytes of every entry
+        room = rec_end[rec_of] - starts
         for col, name in names:
             pat = name.encode() + b"\x01"
-            m = starts + len(pat) <= rec_end[rec_of]
-            for j in range(0, len(pat), 8):
+            chunk = pat[:8]
+            shift = 8 * (8 - len(chunk))
+            want = np.uint64(int.from_bytes(chunk, "big") << shift)
+            got = first_words & np.uint64(((1 << 64) - 1) ^ ((1 << shift) - 1)) if shift else first_words
+            hit = np.flatnonzero((got == want) & (room >= len(pat)))
+            for j in range(8, len(pat), 8):  # the rest of a longer name, on the candidates only
                 chunk = pat[j : j + 8]
                 shift = 8 * (8 - len(chunk))
-                want = int.from_bytes(chunk, "big") << shift
-                got = words[starts + j]
+                want = np.uint64(int.from_bytes(chunk, "big") << shift)
+                got = words[starts[hit] + j]
                 if shift:
                     got = got & np.uint64(((1 << 64) - 1) ^ ((1 << shift) - 1))
-                m &= got == np.uint64(want)
-            hit = np.flatnonzero(m)
+                hit = hit[got == want]
             take = np.full(n, -1, dtype=np.int64)
             if len(hit):
                 hit = hit[np.argsort(starts[hit], kind="stable")]

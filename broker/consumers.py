@@ -505,6 +505,22 @@ class ConsumerManager:
         return any(m.conn is not other_than and not m.conn.closed
                    for ginfo in self._consumers.values() for cid, m in ginfo.members.items() if cid == client_id)
 
+    def next_lease_deadline(self) -> int | None:
+        """The broker time (ms) at which ``scan_leases`` would remove the first member if nothing changes
+        meanwhile (renewals only push it later), None when no member is under the lease rules."""
+        if not (self.lease_expiry_ms or self.disconnect_grace_ms):
+            return None
+        deadlines = []
+        for ginfo in self._consumers.values():
+            for member in ginfo.members.values():
+                if not member.holds_leases:
+                    continue
+                if member.closed_at_ms is not None:
+                    deadlines.append(member.closed_at_ms + self.disconnect_grace_ms + 1)
+                if self.lease_expiry_ms:
+                    deadlines.append(member.last_update_ms + self.lease_expiry_ms + 1)
+        return min(deadlines, default=None)
+
     def scan_leases(self) -> list[tuple[str, str, str]]:
         """Apply the lease rules to orderly members (module documentation); returns (group, client id, reason)
         for each member removed, reason ``connection_closed`` or ``lease_expired``. Strictly after the limits."""

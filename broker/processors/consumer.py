@@ -22,6 +22,7 @@ never leaves half an update behind.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +157,7 @@ class CoordinationService:
         self.groups = groups
         self.store = store
         self._dirty_event = trio.Event()
+        self._lease_wakeup = trio.Event()
         self._persist_lock = trio.Lock()
         self.leases = config.lock_profile == "lease"
         #: ``<store>/config/brokerEpoch.json``: the high half of every lock epoch, incremented on start.
@@ -225,11 +227,14 @@ class CoordinationService:
             log.info("lock.expired_entries_dropped", group=group, client_id=client_id, queues=len(mine))
 
     async def _lease_loop(self) -> None:
-        # Orderly members leave with their lease (or their disconnect grace): checked every 50 ms at most, so the
-        # others are notified within a scan of the moment their locks may be taken over.
-        interval = min(0.05, self.lock_manager.max_live_ms / 20_000)
+        # Orderly members leave with their lease (or their disconnect grace), at the moment it runs out, so the
+        # others are notified when their locks may be taken over. The loop sleeps until the first such moment;
+        # renewals only push it later, and a join or a closed connection wakes it to look again.
         while True:
-            await trio.sleep(interval)
+            deadline = self.consumer_manager.next_lease_deadline()
+            with trio.move_on_at(deadline / 1000 if deadline is not None else math.inf):
+                await self._lease_wakeup.wait()
+            self._lease_wakeup = trio.Event()
             for group, client_id, reason in self.consumer_manager.scan_leases():
                 self.stats["lease_members_removed"] += 1
                 log.info("consumer.lease_removed", group=group, client_id=client_id, reason=reason)
@@ -239,6 +244,7 @@ class CoordinationService:
     def wake_notifier(self) -> None:
         """A consumer group changed: push NOTIFY_CONSUMER_IDS_CHANGED after the coalescing window."""
         self._dirty_event.set()
+        self._lease_wakeup.set()  # a member may have joined: the lease loop's next deadline may be sooner
 
     async def _notify_loop(self) -> None:
         # One pass per coalescing window: everything that changed meanwhile costs one notification per member.
@@ -297,6 +303,7 @@ class CoordinationService:
         # they expire (RocketMQ).
         cm = self.consumer_manager
         cm.connection_closed(conn)
+        self._lease_wakeup.set()  # its orderly memberships now leave at the end of the grace
         client_id = conn.attributes.get("client_id")
         grace = self.config.lock_disconnect_grace
         if client_id and grace and not cm.has_open_connection(client_id, other_than=conn):

@@ -156,6 +156,7 @@ async def test_a_restarted_broker_keeps_free_queues_for_their_claimant_during_th
             assert claimed.epochs[mq(0)] > before.epochs[mq(0)]  # a new broker epoch: still growing
             await trio.sleep(LEASE_S - 0.5 - (trio.current_time() - t0))
             assert (await holder.lock(addr, [0])).held == {mq(0)}  # the holder renews as usual
+            assert (await other.lock(addr, [])).member  # and so does the other (its membership)
             await trio.sleep(TAKEOVER_S + 0.01 - (trio.current_time() - t0))
             assert not (await other.api.get_lock_table(addr))["restartGrace"]
             assert (await other.lock(addr, [0, 1])).held == {mq(1)}  # after the grace: the unclaimed queue

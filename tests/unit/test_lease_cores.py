@@ -104,9 +104,11 @@ def test_a_closed_orderly_members_membership_waits_out_the_grace_and_a_reconnect
     assert cm.has_open_connection("b", other_than=old_b)
     clock.now += 100
     assert cm.scan_leases() == []  # exactly 300 ms after a's close
+    assert cm.next_lease_deadline() == clock.now + 1  # the broker's lease loop sleeps until exactly then
     clock.now += 1
     assert cm.scan_leases() == [(G, "a", "connection_closed")]
     assert cm.get_consumer_ids(G) == ["b"]
+    assert cm.next_lease_deadline() == clock.now - 101 + 2_400 + 1  # "b"'s renewal 101 ms ago + the lease
 
 
 def test_without_lease_rules_membership_is_rocketmqs() -> None:

@@ -215,7 +215,11 @@ def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
         consume_span_s=span,
         p50_ms=pct(sl, 0.50) / 1e6,
         p99_ms=pct(sl, 0.99) / 1e6,
+        p999_ms=pct(sl, 0.999) / 1e6,
         max_ms=(sl[-1] / 1e6) if sl else float("nan"),
+        # how far the paced producer fell behind its schedule (latency counts from the schedule: no
+        # coordinated omission); None when unpaced
+        pace_lag_s=res.get("producer", {}).get("pace_lag_s") if args.rate else None,
         violations=sum(c.get("violations", 0) for c in cons),
         received=received,
         unique=unique,
@@ -226,6 +230,15 @@ def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
         consumers_cpu_s=consumers_cpu,
         assignment={str(c.get("cid")): c.get("queues") for c in cons},
     )
+    stage_rows = array("q")
+    for c in range(args.consumers):
+        try:
+            with open(os.path.join(outdir, f"c{c}.stages"), "rb") as fh:
+                stage_rows.frombytes(fh.read())
+        except OSError:
+            pass
+    if stage_rows:
+        res["stages_ms"] = mod.stage_breakdown(stage_rows)
     # CPU per message (the harness's definition: process CPU time / messages, start-up included), and the
     # part spent after each client process was ready (start-up, imports and workload generation excluded).
     us = 1e6 / n
@@ -245,7 +258,8 @@ def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
     return res
 
 
-MEDIAN_KEYS = ["produce_msgs_per_s", "consume_msgs_per_s", "p50_ms", "p99_ms", "violations", "lost", "dups",
+MEDIAN_KEYS = ["produce_msgs_per_s", "consume_msgs_per_s", "p50_ms", "p99_ms", "p999_ms", "max_ms", "pace_lag_s",
+               "violations", "lost", "dups",
                "server_rss_peak_tree_mb", "server_vmhwm_main_mb", "server_cpu_s", "producer_cpu_s",
                "consumers_cpu_s"]
 
@@ -269,8 +283,15 @@ def summarize(args: argparse.Namespace, mod: Any, runs: list[dict[str, Any]]) ->
         vals = [r["cpu_us_per_msg_after_ready"][part] for r in ok if "cpu_us_per_msg_after_ready" in r]
         if vals:
             after[part] = statistics.median(vals)
+    stages = [r["stages_ms"] for r in ok if r.get("stages_ms")]
+    stages_med: dict[str, Any] = {}
+    if stages:
+        for name, qs in stages[0].items():
+            if isinstance(qs, dict):
+                stages_med[name] = {q: statistics.median(s[name][q] for s in stages if name in s) for q in qs}
     return dict(
-        peer=args.peer, mode=args.mode, tag=args.tag, version=mod.version(), argv=sys.argv,
+        peer=args.peer, mode=args.mode, tag=args.tag, version=mod.version(), argv=sys.argv, rate=args.rate,
+        stages_ms=stages_med,
         params={k: v for k, v in vars(args).items() if k not in ("cmd", "role", "cid", "outdir")},
         median=med, range=rng, cpu_us_per_msg=cpu, cpu_us_per_msg_after_ready=after, runs=runs, n_ok=len(ok),
         sum_violations=sum(r.get("violations", 0) for r in ok), sum_lost=sum(r.get("lost", 0) for r in ok),

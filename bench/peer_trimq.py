@@ -20,7 +20,11 @@ worker thread), so the same workload runs on trimq and on Redis Streams in one r
   the steady-state benchmark measures consumption, not the first rebalance (``bench.takeover`` measures
   takeovers). The pull loops resume when every member is ready (the ``c*.ready`` files of the run).
 * Diagnostics: ``TRIMQ_BENCH_SAMPLE=dir`` samples every process's CPU by stack (bench/sampler.py),
-  ``TRIMQ_BENCH_PROFILE=dir`` runs them under cProfile (CPU time), ``--trimq-rate`` paces the producer.
+  ``TRIMQ_BENCH_PROFILE=dir`` runs them under cProfile (CPU time), ``--trimq-stages 1`` records each message's
+  per-stage timestamps (``stage_breakdown``).
+* Pacing: the harness's ``--rate N`` (``common.Pacer``, as the Redis peer applies it): window ``i`` is due at
+  ``t0 + i / rate`` and its messages carry that *scheduled* time, so a producer that falls behind shows as latency
+  (no coordinated omission); the producer reports its ``pace_lag_s``.
 
 Settings (ordinary user settings, not benchmark-only switches; see bench/RESULTS.md):
 ``pull_batch_size`` / ``consume_message_batch_max_size`` (``--trimq-pull-batch``, ``--trimq-consume-batch``)
@@ -61,8 +65,9 @@ def add_args(p: Any) -> None:
                    help="broker max_transfer_count_on_message_in_memory (most messages one pull returns)")
     g.add_argument("--trimq-max-transfer-kib", type=int, default=1024,
                    help="broker max_transfer_bytes_on_message_in_memory, KiB")
-    g.add_argument("--trimq-rate", type=int, default=0,
-                   help="diagnostics: pace the producer at this many msgs/s (0: as fast as it can, the benchmark)")
+    g.add_argument("--trimq-stages", type=int, default=0,
+                   help="1: consumers record per-stage timestamps of every message (scheduled, born, stored, "
+                        "pull answer decoded, listener start) in c<N>.stages (a diagnostic: a little CPU)")
     g.add_argument("--trimq-pause-until-ready", type=int, default=1,
                    help="1: consumers pull only once the whole group holds its queues (steady state)")
 
@@ -237,20 +242,22 @@ async def _produce_trio(args: Any, work: list[tuple[int, str, int, int]], maker:
         make = maker.make
         send_batches = producer.send_batches
 
+        from common import Pacer  # the harness's: the same pacing as the Redis peer
+
         t0 = time.perf_counter()
         step = args.batch
-        pace = step / args.trimq_rate if args.trimq_rate else 0.0
-        next_t = trio.current_time()
+        pacer = Pacer(args.rate)
         for i in range(0, len(work), step):
-            if pace:
-                next_t += pace
-                await trio.sleep_until(next_t)
+            d = pacer.delay(i)
+            if d:
+                await trio.sleep(d)
+            stamp = pacer.stamp_ns(i)
             by_q: dict[int, list[Any]] = {}
             for gid, key, seq, q in work[i:i + step]:
                 lst = by_q.get(q)
                 if lst is None:
                     lst = by_q[q] = []
-                lst.append(Message(TOPIC, make(gid, key, seq)))
+                lst.append(Message(TOPIC, make(gid, key, seq, stamp)))
             await send_batches([(msgs, mqs[q]) for q, msgs in by_q.items()])
             for q, msgs in by_q.items():
                 per_queue[q] = per_queue.get(q, 0) + len(msgs)
@@ -258,7 +265,8 @@ async def _produce_trio(args: Any, work: list[tuple[int, str, int, int]], maker:
         t1 = time.perf_counter()
     n = sum(per_queue.values())
     # the consumers read ``per_queue`` (in producer.json) to know when every queue they hold is consumed
-    return dict(sent=n, seconds=t1 - t0, requests=batches, per_queue={str(q): c for q, c in sorted(per_queue.items())})
+    return dict(sent=n, seconds=t1 - t0, requests=batches, pace_lag_s=pacer.max_lag_s,
+                per_queue={str(q): c for q, c in sorted(per_queue.items())})
 
 
 # ---------------------------------------------------------------------------------------------- consumers
@@ -333,8 +341,11 @@ async def _consume_trio(args: Any, cid: int, rec: Any, ready: Any) -> None:
     consumer.subscribe(TOPIC, "*")
     on_message = rec.on_message
     success = ConsumeOrderlyStatus.SUCCESS
+    stages = StageRecorder() if getattr(args, "trimq_stages", 0) else None
 
     async def listener(msgs: list[Any], context: Any) -> Any:
+        if stages is not None:
+            stages.listener_called(msgs)
         for m in msgs:
             on_message(m.body)
         return success
@@ -361,6 +372,8 @@ async def _consume_trio(args: Any, cid: int, rec: Any, ready: Any) -> None:
         async with consumer:
             info["client_id"] = consumer.client_id
             assert consumer.core is not None
+            if stages is not None:
+                stages.attach(consumer.core.pull_service)
             instance = consumer.instance
             assert instance is not None
             share_lo = args.queues // n_members_goal
@@ -406,7 +419,80 @@ async def _consume_trio(args: Any, cid: int, rec: Any, ready: Any) -> None:
                         break
             info["final_queues"] = last
             info["pull"] = dict(consumer.core.pull_service.stats)
+            if stages is not None and getattr(args, "outdir", None):
+                stages.write(os.path.join(args.outdir, f"c{cid}.stages"))
         nursery.cancel_scope.cancel()
+
+
+class StageRecorder:
+    """Per-message timestamps of the stages a message goes through (``--trimq-stages 1``): the harness's
+    scheduled send time (header, ns), the producer's born timestamp and the broker's store timestamp (ms, from
+    the record), when the pull answer carrying it was decoded in this consumer and when the listener was called
+    with it (ns). Same host, same wall clock. Written as ``STAGE_FIELDS`` int64 per message."""
+
+    def __init__(self) -> None:
+        from array import array
+
+        self.rows = array("q")
+        self._pulled: dict[int, int] = {}
+
+    def attach(self, pull_service: Any) -> None:
+        """Stamp every batch as the pull loop hands it to the consume service (right after the decode)."""
+        service = pull_service.consume_service
+        submit = service.submit
+        pulled = self._pulled
+
+        def stamped_submit(process_queue: Any, msgs: Any, dispatch: bool, message_queue: Any) -> None:
+            now = time.time_ns()
+            for m in msgs:
+                pulled[id(m)] = now
+            submit(process_queue, msgs, dispatch, message_queue=message_queue)
+
+        service.submit = stamped_submit
+
+    def listener_called(self, msgs: list[Any]) -> None:
+        from common import HDR
+
+        now = time.time_ns()
+        pulled = self._pulled
+        rows = self.rows
+        unpack = HDR.unpack_from
+        for m in msgs:
+            rows.extend((unpack(m.body, 0)[0], m.born_timestamp, m.store_timestamp, pulled.pop(id(m), 0), now))
+
+    def write(self, path: str) -> None:
+        with open(path, "wb") as f:
+            self.rows.tofile(f)
+
+
+STAGE_FIELDS = ("scheduled_ns", "born_ms", "stored_ms", "pulled_ns", "listener_ns")
+
+
+def stage_breakdown(rows: Any) -> dict[str, Any]:
+    """Percentiles (ms) of each stage over ``rows`` (the int64 arrays of :class:`StageRecorder`, concatenated):
+    scheduled -> born (the producer), born -> stored (send + append), stored -> pulled (the pull's answer:
+    notification, response, transfer, decode), pulled -> listener (the consume service), and the total
+    scheduled -> listener. Born and stored are whole milliseconds, so the two stages around them are +-1 ms."""
+    n = len(rows) // len(STAGE_FIELDS)
+    stages: dict[str, list[float]] = {"scheduled->born": [], "born->stored": [], "stored->pulled": [],
+                                      "pulled->listener": [], "scheduled->listener": []}
+    for i in range(n):
+        sched, born, stored, pulled, called = rows[i * 5:i * 5 + 5]
+        if not pulled:
+            continue
+        stages["scheduled->born"].append(born - sched / 1e6)
+        stages["born->stored"].append(float(stored - born))
+        stages["stored->pulled"].append(pulled / 1e6 - stored)
+        stages["pulled->listener"].append((called - pulled) / 1e6)
+        stages["scheduled->listener"].append((called - sched) / 1e6)
+    out: dict[str, Any] = {"messages": n}
+    for name, vals in stages.items():
+        vals.sort()
+        if vals:
+            out[name] = {q: round(vals[min(len(vals) - 1, round(f * (len(vals) - 1)))], 3)
+                         for q, f in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))}
+            out[name]["mean"] = round(sum(vals) / len(vals), 3)
+    return out
 
 
 def _all_consumed(consumer: Any, queues: list[int], per_queue: dict[int, int]) -> bool:

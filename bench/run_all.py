@@ -1,13 +1,16 @@
 """``make bench``: every benchmark of the project, bounded in time, with trimq/Redis ratios from one run.
 
-    python -m bench.run_all [--runs 3] [--no-spark] [--spark-messages N] [--no-storage] [--no-takeover]
-                            [--no-variants] [--messages N]
+    python -m bench.run_all [--runs 5] [--rates 10000,20000,30000,40000,0] [--stages 20000] [--no-spark]
+                            [--spark-messages N] [--no-storage] [--no-takeover] [--no-variants] [--messages N]
 
 1. ``bench.storage_bench`` in quick mode (raw append / pull through the real transport).
 2. The shared peer workload (``../shared/bench/peers``: 8 queues, 1000 keys, 100k x 256 B, one ordered
-   producer, two orderly consumers) on Redis Streams and on trimq, ``live`` and ``backlog``, ``--runs`` runs
-   each (medians quoted), via ``bench.peer_bench``; plus a throughput-tuned trimq consumer row
-   (``pull_interval`` 20 ms) unless ``--no-variants``.
+   producer, two orderly consumers) on Redis Streams and on trimq, ``--runs`` runs each (medians quoted), via
+   ``bench.peer_bench``: the **latency curve** (issue 22), ``live`` at each of ``--rates`` (10k, 20k, 30k,
+   40k msg/s and flat out; the producer paced by the harness's ``--rate``, latency counted from each message's
+   scheduled send time), the two systems alternating at each rate; ``backlog``; one trimq live run with
+   per-stage timestamps (``--stages`` rate); plus a throughput-tuned trimq consumer row (``pull_interval``
+   20 ms) unless ``--no-variants``.
 3. Takeover of an orderly consumer's queues (``bench.takeover``): graceful, SIGKILL, SIGSTOP for 10 s, a
    10 s network partition, a broker restart; and the broker's cost of lease renewals (1000 clients x 8 queues).
 4. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
@@ -177,6 +180,7 @@ def report(results: Path, meta: dict[str, Any]) -> str:
     if assign:
         add(f"trimq consumer assignments seen (consumer -> queues, by rebalance): {', '.join(assign)}.")
     add("")
+    lines.extend(curve_report(results, meta.get("rates") or list(DEFAULT_RATES)))
     tk = [load(results, f"takeover-{s}.json") for s in TAKEOVER_SCENARIOS]
     if any(tk):
         add("### Takeover of an orderly consumer's queues (2 consumers, paced producer, 2 s leases)")
@@ -214,7 +218,7 @@ def report(results: Path, meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def ratios_text(results: Path) -> str:
+def ratios_text(results: Path, rates: list[int] | None = None) -> str:
     out = []
     for mode in ("live", "backlog"):
         t, r = load(results, f"trimq-{mode}.json"), load(results, f"redis-{mode}.json")
@@ -229,7 +233,127 @@ def ratios_text(results: Path) -> str:
         if tc and rc:
             parts.append(f"CPU/msg {tc / rc:.2f}")
         out.append(f"trimq/redis {mode}: " + ", ".join(parts))
+    for point in curve_points(results, rates or list(DEFAULT_RATES)):
+        ra = point.get("ratios")
+        if ra and point["rate"]:
+            out.append(f"trimq/redis live at {rate_label(point['rate'])}: p50 {_fmt_ratio(ra['p50'])}, "
+                       f"p99 {_fmt_ratio(ra['p99'])}, p999 {_fmt_ratio(ra['p999'])}, CPU/msg {_fmt_ratio(ra['cpu'])}"
+                       + ("" if point["in_scope"] else " (above 0.9x Redis flat out: outside the targets)"))
     return "\n".join(out)
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
+
+
+def _fmt_ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def curve_points(results: Path, rates: list[int]) -> list[dict[str, Any]]:
+    """One entry per offered rate with both systems' medians and the trimq/Redis ratios, and whether the rate
+    is in the targets' scope (paced, at most 0.9x Redis's own flat-out live rate in the same run)."""
+    redis_flat = (load(results, "redis-live.json") or {}).get("median", {}).get("produce_msgs_per_s")
+    out = []
+    for rate in rates:
+        name = "live" + (f"-{rate_tag(rate)}" if rate else "")
+        t, r = load(results, f"trimq-{name}.json"), load(results, f"redis-{name}.json")
+        point: dict[str, Any] = {"rate": rate, "trimq": t, "redis": r}
+        if t and r and t.get("median") and r.get("median"):
+            tm, rm = t["median"], r["median"]
+            point["ratios"] = {
+                "throughput": _ratio(tm.get("produce_msgs_per_s"), rm.get("produce_msgs_per_s")),
+                "p50": _ratio(tm.get("p50_ms"), rm.get("p50_ms")),
+                "p99": _ratio(tm.get("p99_ms"), rm.get("p99_ms")),
+                "p999": _ratio(tm.get("p999_ms"), rm.get("p999_ms")),
+                "cpu": _ratio(t.get("cpu_us_per_msg", {}).get("total"), r.get("cpu_us_per_msg", {}).get("total")),
+            }
+        point["in_scope"] = bool(rate and redis_flat and rate <= 0.9 * redis_flat)
+        if point["in_scope"] and "ratios" in point:
+            ra = point["ratios"]
+            point["p99_met"] = ra["p99"] is not None and ra["p99"] <= 1.0
+            point["cpu_met"] = ra["cpu"] is not None and ra["cpu"] <= 0.8
+        out.append(point)
+    return out
+
+
+def _met(point: dict[str, Any], key: str) -> str:
+    return "-" if key not in point else ("met" if point[key] else "**missed**")
+
+
+def curve_report(results: Path, rates: list[int]) -> list[str]:
+    """The latency curve's tables (issue 22): per rate and system p50/p99/p999, CPU per message, pace lag;
+    the trimq/Redis ratios and the targets."""
+    points = [p for p in curve_points(results, rates) if p["trimq"] or p["redis"]]
+    if not points:
+        return []
+    lines = ["### Latency at equal offered load (live; latency from each message's scheduled send time)", "",
+             "| offered | system | produce msg/s | p50 ms | p99 ms | p999 ms | CPU µs/msg (server / producer / "
+             "consumers = total) | pace lag s (max) | runs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in points:
+        for peer in ("redis", "trimq"):
+            row = p[peer]
+            if not row or not row.get("median"):
+                continue
+            m, c = row["median"], row.get("cpu_us_per_msg", {})
+            lag = m.get("pace_lag_s")
+            lag_range = row.get("range", {}).get("pace_lag_s")
+            lag_txt = "-" if lag is None else f"{lag:.3f}" + (f" ({lag_range[1]:.3f})" if lag_range else "")
+            lines.append(
+                f"| {rate_label(p['rate'])} | {LABEL[peer]} | {_fmt_rate(m.get('produce_msgs_per_s'))} | "
+                f"{m.get('p50_ms', float('nan')):,.1f} | {m.get('p99_ms', float('nan')):,.1f} | "
+                f"{m.get('p999_ms', float('nan')):,.1f} | {c.get('server', 0):.1f} / {c.get('producer', 0):.1f} / "
+                f"{c.get('consumers', 0):.1f} = {c.get('total', 0):.1f} | {lag_txt} | {row.get('n_ok')} |")
+    lines += ["", "trimq / Redis at each offered rate (targets, issue 22: at every paced rate up to 0.9x Redis's "
+              "flat-out live rate, p99 <= 1.0 and CPU <= 0.8; flat out, throughput >= 1.5):", "",
+              "| offered | throughput | p50 | p99 | p999 | CPU total | in the targets' scope | p99 target | "
+              "CPU target |", "|---|---:|---:|---:|---:|---:|---|---|---|"]
+    for p in points:
+        ra = p.get("ratios")
+        if not ra:
+            continue
+
+        if not p["rate"]:
+            scope = "flat out"
+            tput = ra["throughput"]
+            tp_met = "-" if tput is None else ("met" if tput >= 1.5 else "**missed**")
+            lines.append(f"| flat out | {_fmt_ratio(tput)} ({tp_met} vs 1.5) | {_fmt_ratio(ra['p50'])} | "
+                         f"{_fmt_ratio(ra['p99'])} | {_fmt_ratio(ra['p999'])} | {_fmt_ratio(ra['cpu'])} | {scope} | "
+                         "- | - |")
+            continue
+        lines.append(f"| {rate_label(p['rate'])} | {_fmt_ratio(ra['throughput'])} | {_fmt_ratio(ra['p50'])} | "
+                     f"{_fmt_ratio(ra['p99'])} | {_fmt_ratio(ra['p999'])} | {_fmt_ratio(ra['cpu'])} | "
+                     f"{'yes' if p['in_scope'] else 'no (above 0.9x Redis flat out)'} | {_met(p, 'p99_met')} | "
+                     f"{_met(p, 'cpu_met')} |")
+    lines.append("")
+    st = load(results, "trimq-live-stages.json")
+    if st and st.get("stages_ms"):
+        lines += [f"Where trimq's latency goes (live at {rate_label(st.get('rate') or 0)}, `--trimq-stages 1`, "
+                  "median of runs; born and stored are whole milliseconds):", "",
+                  "| stage | p50 ms | p90 ms | p99 ms | p999 ms | mean ms |", "|---|---:|---:|---:|---:|---:|"]
+        for name, q in st["stages_ms"].items():
+            lines.append(f"| {name} | {q.get('p50', 0):.2f} | {q.get('p90', 0):.2f} | {q.get('p99', 0):.2f} | "
+                         f"{q.get('p999', 0):.2f} | {q.get('mean', 0):.2f} |")
+        lines.append("")
+    return lines
+
+
+#: The latency curve's offered rates (msgs/s); 0 is flat out (the plain live row).
+DEFAULT_RATES = (10_000, 20_000, 30_000, 40_000, 0)
+
+
+def parse_rates(text: str) -> list[int]:
+    return [int(float(x)) for x in text.split(",") if x.strip()]
+
+
+def rate_tag(rate: float) -> str:
+    """The results-file tag of a curve point: ``rate20000``; flat out has none (``<peer>-live.json``)."""
+    return f"rate{int(rate)}" if rate else ""
+
+
+def rate_label(rate: float) -> str:
+    return f"{int(rate):,} msg/s" if rate else "flat out"
 
 
 #: bench.takeover's scenarios, in report order (plus ``cost``, the lease renewals' price).
@@ -240,7 +364,11 @@ TAKEOVER_SCENARIOS = ("graceful", "sigkill", "sigstop", "partition", "broker-res
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=3, help="runs per peer and mode (medians are quoted)")
+    p.add_argument("--runs", type=int, default=5, help="runs per peer, mode and rate (medians are quoted)")
+    p.add_argument("--rates", default=",".join(str(r) for r in DEFAULT_RATES),
+                   help="offered rates of the latency curve, msgs/s, comma-separated (0: flat out)")
+    p.add_argument("--stages", type=int, default=20_000,
+                   help="offered rate of the trimq run with per-stage timestamps (0: skip it)")
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--spark", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--no-spark", action="store_true", help="skip bench.spark_bench (minutes, ~4.3 GB of disk)")
@@ -282,11 +410,23 @@ def main(argv: list[str] | None = None) -> int:
     if not redis:
         log("redis-server is not available: trimq runs alone (no ratios)")
     common_flags = ["--runs", str(args.runs), "--messages", str(args.messages), "--results", str(results)]
-    for mode in ("live", "backlog"):
+    meta["rates"] = rates = parse_rates(args.rates)
+    # The latency curve: live mode at each offered rate, the two systems alternating at every rate so both
+    # see the same machine; rate 0 (flat out) is the plain live row.
+    for rate in rates:
         for peer in peers:
-            if run_step(f"{peer} {mode}", py("bench.peer_bench", "run", "--peer", peer, "--mode", mode,
-                                             *common_flags)) != 0:
+            if run_step(f"{peer} live {rate_label(rate)}",
+                        py("bench.peer_bench", "run", "--peer", peer, "--mode", "live", "--rate", str(rate),
+                           "--tag", rate_tag(rate), *common_flags)) != 0:
                 rc = 1
+    for peer in peers:
+        if run_step(f"{peer} backlog", py("bench.peer_bench", "run", "--peer", peer, "--mode", "backlog",
+                                          *common_flags)) != 0:
+            rc = 1
+    if args.stages:
+        run_step(f"trimq live {rate_label(args.stages)}, per-stage timestamps",
+                 py("bench.peer_bench", "run", "--peer", "trimq", "--mode", "live", "--rate", str(args.stages),
+                    "--trimq-stages", "1", "--tag", "stages", *common_flags))
     if not args.no_variants:
         run_step("trimq live, pull_interval 20 ms", py("bench.peer_bench", "run", "--peer", "trimq", "--mode",
                                                        "live", "--trimq-pull-interval", "20", "--tag", "pull20",
@@ -302,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["wall_s"] = round(time.monotonic() - t_start, 1)
     text = report(results, meta)
     (results / "REPORT.md").write_text(text + "\n")
-    summary = {"meta": meta, "ratios": ratios_text(results)}
+    summary = {"meta": meta, "ratios": ratios_text(results, rates)}
     for f in sorted(results.glob("*.json")):
         if f.name not in ("summary.json",):
             summary[f.stem] = {k: v for k, v in (load(results, f.name) or {}).items() if k != "runs"} \
@@ -311,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     print()
-    print(ratios_text(results))
+    print(ratios_text(results, rates))
     log(f"done in {meta['wall_s']:.0f} s; results in {results}")
     return rc
 

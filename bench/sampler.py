@@ -16,10 +16,15 @@ from typing import Any
 
 
 class CpuSampler:
-    def __init__(self, thread_id: int | None = None, interval_s: float = 0.002) -> None:
-        """``thread_id`` None: the busiest other thread (sampled: whichever non-main thread has a frame)."""
+    def __init__(self, thread_id: int | None = None, interval_s: float | None = None) -> None:
+        """``thread_id`` None: the busiest other thread (sampled: whichever non-main thread has a frame).
+        ``interval_s`` None: ``$TRIMQ_BENCH_SAMPLE_INTERVAL_MS`` (default 2 ms) of process CPU time."""
+        import os
+
         self.thread_id = thread_id
         self.main_id = threading.main_thread().ident
+        if interval_s is None:
+            interval_s = float(os.environ.get("TRIMQ_BENCH_SAMPLE_INTERVAL_MS", "2")) / 1000
         self.interval_s = interval_s
         self.self_counts: collections.Counter[str] = collections.Counter()
         self.total_counts: collections.Counter[str] = collections.Counter()

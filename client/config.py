@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_CONSUMER_GROUP",
     "DEFAULT_PRODUCER_GROUP",
     "MESSAGE_MODELS",
+    "ORDER_SCOPES",
     "ClientConfig",
     "ConfigError",
     "ProducerConfig",
@@ -42,6 +43,7 @@ __all__ = [
 DEFAULT_PRODUCER_GROUP = "DEFAULT_PRODUCER"
 DEFAULT_CONSUMER_GROUP = "DEFAULT_CONSUMER"
 MESSAGE_MODELS = ("CLUSTERING", "BROADCASTING")
+ORDER_SCOPES = ("queue", "key")
 CONSUME_FROM_WHERE_VALUES = (
     "CONSUME_FROM_LAST_OFFSET",
     "CONSUME_FROM_FIRST_OFFSET",
@@ -194,8 +196,9 @@ class PushConsumerConfig(ClientConfig):
     pull_interval: int = setting(0, "pause between two pulls of one queue", min=0, max=65535)
     consume_message_batch_max_size: int = setting(1, "messages handed to one listener call", min=1, max=1024)
     pull_batch_size: int = setting(32, "messages asked for per pull", min=1, max=1024)
-    max_reconsume_times: int = setting(-1, "deliveries before dead-lettering; -1 = 16 (concurrently), "
-                                       "unbounded (orderly)", min=-1, max=_INT_MAX)
+    max_reconsume_times: int = setting(-1, "deliveries before dead-lettering; -1 = 16 (concurrently, and orderly "
+                                       "with order_scope 'key'), unbounded (orderly, order_scope 'queue')",
+                                       min=-1, max=_INT_MAX)
     suspend_current_queue_time_millis: int = setting(1000, "orderly: pause of a queue after a failed message",
                                                      min=0, max=_INT_MAX)
     consume_timeout: int = setting(15, "minutes a message may be in consumption before it is sent back",
@@ -239,6 +242,12 @@ class PushConsumerConfig(ClientConfig):
 
     def __post_init__(self) -> None:
         if not self.consume_timestamp:
+    order_scope: str = setting("queue", "orderly: 'queue' (RocketMQ: a queue's messages one batch at a time) or "
+                               "'key' (a queue's keys in parallel, each key in queue order; the key is the "
+                               "__SHARDINGKEY property, else KEYS: docs/EMBEDDING.md)", choices=ORDER_SCOPES)
+    max_in_flight_keys: int = setting(64, "orderly, order_scope 'key': keys of this consumer in the listener at "
+                                      "once, over all its queues (a plain-def listener is also held to "
+                                      "consume_thread_max threads)", min=1, max=65535)
             self.consume_timestamp = default_consume_timestamp()
         super().__post_init__()
 

@@ -20,6 +20,8 @@ trimq_consumer_locked_queues                       gauge      consumer_group: or
 trimq_consumer_queue_blocked_seconds               gauge      consumer_group, topic, broker, queue_id: orderly queue
                                                               retrying one message, for how long
 trimq_consumer_queue_blocked_attempts              gauge      same: failed attempts of that message
+trimq_consumer_blocked_keys                        gauge      consumer_group, topic, broker, queue_id: keys of a
+                                                              key-scope orderly queue retrying one message
 trimq_consumer_pulls_total                         counter    consumer_group, outcome=pulls|found|no_new|errors|...
 trimq_consumer_dead_letters_total                  counter    consumer_group: messages this consumer dead-lettered
 =================================================  =========  ======================================================
@@ -60,6 +62,8 @@ class QueueState:
     locked: bool
     blocked_seconds: float | None = None
     blocked_attempts: int = 0
+    blocked_keys: int | None = None
+    """Key scope: keys retrying one message (None: not a key-scope queue)."""
 
 
 class MetricsSource(Protocol):
@@ -95,6 +99,8 @@ class _StateCollector:
         attempts = GaugeMetricFamily("trimq_consumer_queue_blocked_attempts",
                                      "Failed attempts of the message an orderly queue is blocked on",
                                      labels=QUEUE_LABELS)
+        keys = GaugeMetricFamily("trimq_consumer_blocked_keys",
+                                 "Keys of a key-scope orderly queue retrying one message", labels=QUEUE_LABELS)
         pulls = CounterMetricFamily("trimq_consumer_pulls", "Pull requests by outcome",
                                     labels=["consumer_group", "outcome"])
         dlq = CounterMetricFamily("trimq_consumer_dead_letters", "Messages this consumer dead-lettered",
@@ -111,11 +117,13 @@ class _StateCollector:
                 if q.blocked_seconds is not None:
                     blocked.add_metric(labels, q.blocked_seconds)
                     attempts.add_metric(labels, q.blocked_attempts)
+                if q.blocked_keys is not None:
+                    keys.add_metric(labels, q.blocked_keys)
             locked.add_metric([group], n_locked)
             for outcome, value in sorted(pull_stats.items()):
                 pulls.add_metric([group, outcome], value)
             dlq.add_metric([group], dead)
-        yield from (msgs, size, locked, blocked, attempts, pulls, dlq)
+        yield from (msgs, size, locked, blocked, attempts, keys, pulls, dlq)
 
 
 class _Families:

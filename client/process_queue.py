@@ -2,8 +2,18 @@
 
 A pure class: no trio, no I/O, time passed in as milliseconds. The pull loop puts messages in; a
 consume service takes them out (orderly: ``take_messages`` / ``commit`` / ``rollback``; concurrently:
-``remove_message``), and the rebalance reads the flags and timestamps. The consume lock RocketMQ keeps
-inside ProcessQueue is *not* here: the trio layer holds a ``trio.Lock`` beside each instance.
+``remove_message``; orderly with ``order_scope="key"``: :meth:`ProcessQueue.enable_key_scope`, the
+:class:`client.key_backlog.KeyBacklog` it returns, then :meth:`ProcessQueue.complete`), and the rebalance reads the
+flags and timestamps.
+
+**Key scope** (issue 17): messages stay cached, as in concurrent mode, until they are completed, whether they wait
+or are in the listener; so the smallest cached offset is where the contiguous completed prefix ends
+(:meth:`ProcessQueue.completed_prefix`), which is the only offset a key-scope consumer commits: a takeover replays
+from the first incomplete message, never past it. ``msg_count``, ``msg_size`` and ``max_span`` count every
+uncompleted message, so a stuck key holds the pull back (flow control) instead of growing the cache.
+
+The consume lock RocketMQ keeps inside ProcessQueue is *not* here: the trio layer holds one beside each instance
+(client.consume_lock.ConsumeLock).
 
 Counts follow RocketMQ 4.9.3 exactly, drift included: ``msg_count``/``msg_size`` count messages as they
 are first cached and are reduced by ``commit`` and ``remove_message`` only; replacing a message at an
@@ -30,6 +40,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, ClassVar
 
+from trimq.client.key_backlog import KeyBacklog
 from trimq.protocol.message import MessageConst, MessageExt
 
 __all__ = ["ProcessQueue"]
@@ -224,6 +235,8 @@ class ProcessQueue:
         self.last_consume_timestamp = now_ms
         self.last_lock_timestamp = now_ms
         self.try_unlock_times = 0
+        self.key_backlog: KeyBacklog | None = None
+        """Key scope: the uncompleted messages by key (:meth:`enable_key_scope`); None otherwise."""
 
     # ------------------------------------------------------------------------------------------
     # Read-only bookkeeping
@@ -313,18 +326,24 @@ class ProcessQueue:
             self._queue_offset_max = offsets[-1]
             self._msg_size += sum([len(m.body) if m.body is not None else 0 for m in msgs])
             self._msg_count += len(msgs)
+            if self.key_backlog is not None:
+                self.key_backlog.add(msgs)
         else:
             valid = 0
             size = 0
             tree_set = tree.set
+            fresh = []
             for msg in msgs:
                 offset = msg.queue_offset
                 if tree_set(offset, msg):
                     valid += 1
                     self._queue_offset_max = offset
                     size += len(msg.body) if msg.body is not None else 0
+                    fresh.append(msg)
             self._msg_size += size
             self._msg_count += valid
+            if self.key_backlog is not None:
+                self.key_backlog.add(fresh)  # a replaced message keeps its place in its key's line
 
         dispatch = False
         if self._msg_tree and not self.consuming:
@@ -409,6 +428,29 @@ class ProcessQueue:
             result = self._msg_tree.first()
         return result
 
+    # ------------------------------------------------------------------------------------------
+    # Key scope (module documentation)
+
+    def enable_key_scope(self) -> KeyBacklog:
+        """Keep a :class:`KeyBacklog` of the uncompleted messages from now on (the messages cached so far are put
+        in it); returns it. Idempotent."""
+        if self.key_backlog is None:
+            self.key_backlog = KeyBacklog()
+            self.key_backlog.add(self._msg_tree.values())
+        return self.key_backlog
+
+    def completed_prefix(self) -> int | None:
+        """Key scope: the first uncompleted message (waiting or in the listener), where the contiguous completed
+        prefix ends; None when every cached message is completed."""
+        return self._msg_tree.first() if self._msg_tree else None
+
+    def complete(self, msgs: Iterable[MessageExt], now_ms: int) -> int:
+        """Key scope: these messages are done (consumed, dead-lettered or skipped) and leave the cache; returns the
+        offset to commit, :meth:`completed_prefix` (-1 when nothing was cached, e.g. after :meth:`clear`: a reset
+        dropped the queue, and nothing of it may be committed); with nothing left, one past the last message put.
+        The key backlog is the caller's to update."""
+        return self.remove_message(msgs, now_ms)
+
     def clean_expired_msg(
         self, now_ms: int, consume_timeout_minutes: int, *, orderly: bool = False
     ) -> list[MessageExt]:
@@ -450,6 +492,8 @@ class ProcessQueue:
         self._msg_count = 0
         self._msg_size = 0
         self._queue_offset_max = 0
+        if self.key_backlog is not None:
+            self.key_backlog.clear()
 
     # ------------------------------------------------------------------------------------------
     # Diagnostics
@@ -463,7 +507,7 @@ class ProcessQueue:
         """
         cached = bool(self._msg_tree)
         in_flight = bool(self._consuming)
-        return {
+        out = {
             "cached_msg_min_offset": self._msg_tree.first() if cached else 0,
             "cached_msg_max_offset": self._msg_tree.last() if cached else 0,
             "cached_msg_count": len(self._msg_tree),
@@ -487,6 +531,14 @@ class ProcessQueue:
             "lock_expired": self.is_lock_expired(now_ms),
             "pull_expired": self.is_pull_expired(now_ms),
         }
+        keys = self.key_backlog
+        if keys is not None:
+            # key scope: "transaction" = the batches taken by their keys (in the listener or suspended), still cached
+            taken = sorted(m.queue_offset for m in keys.in_turns())
+            out.update(transaction_msg_min_offset=taken[0] if taken else 0,
+                       transaction_msg_max_offset=taken[-1] if taken else 0, transaction_msg_count=len(taken),
+                       key_turns=keys.turns)
+        return out
 
     def __repr__(self) -> str:
         return (

@@ -5,13 +5,18 @@
     async with Producer(ProducerConfig(namesrv_addr="127.0.0.1:9876", producer_group="orders")) as p:
         result = await p.send(Message("Orders", b"hello", tags="created"))
         result = await p.send(msg, selector=SelectMessageQueueByHash(), arg=order_id)   # same key, same queue
+        result = await p.send(msg, sharding_key=order_id)            # the same queue, and the key for key scope
         result = await p.send_batch([m1, m2, m3])                                          # one queue
+
+A ``sharding_key`` (RocketMQ 5's) is stored as the ``__SHARDINGKEY`` property, which an orderly consumer with
+``order_scope="key"`` keeps in order, and picks the queue exactly as ``SelectMessageQueueByHash`` does with that
+string (so a selector's users keep their queues).
 
 A plain ``send`` picks queues round robin and, when an attempt fails, retries up to
 ``retry_times_when_send_failed`` times on another queue, preferring another broker (RocketMQ's
 selectOneMessageQueue avoiding the last failed broker), all within ``send_msg_timeout``. A send with a
-``selector`` or an explicit ``message_queue`` is not retried elsewhere: that would break the ordering the
-caller asked for.
+``sharding_key``, a ``selector`` or an explicit ``message_queue`` is not retried elsewhere: that would break the
+ordering the caller asked for.
 
 Messages are validated first (topic name, body present and within ``max_message_size``, properties);
 violations raise :class:`client.errors.InvalidMessageError` subclasses naming the problem.
@@ -19,6 +24,7 @@ violations raise :class:`client.errors.InvalidMessageError` subclasses naming th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import time
@@ -48,7 +54,7 @@ from trimq.client.errors import (
     SendFailedError,
 )
 from trimq.client.instance import ClientInstance, TopicPublishInfo
-from trimq.client.selectors import MessageQueueSelector
+from trimq.client.selectors import MessageQueueSelector, SelectMessageQueueByHash
 from trimq.protocol.codes import ResponseCode
 from trimq.protocol.message import (
     MAX_PROPERTIES_BYTES,
@@ -62,7 +68,7 @@ from trimq.protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_to
 from trimq.runtime.client import RemotingError
 from trimq.runtime.logs import get_logger
 
-__all__ = ["Producer", "UniqIdGenerator", "validate_message"]
+__all__ = ["Producer", "UniqIdGenerator", "validate_message", "with_sharding_key"]
 
 log = get_logger("trimq.producer")
 
@@ -128,6 +134,24 @@ class UniqIdGenerator:
         c = self._counter
         self._counter = (c + n) & 0xFFFF
         return [f"{head}{(c + i) & 0xFFFF:04X}" for i in range(1, n + 1)]
+
+
+_BY_HASH = SelectMessageQueueByHash()
+
+
+def with_sharding_key(msg: Message, sharding_key: str) -> Message:
+    """A copy of ``msg`` carrying ``sharding_key`` as its ``__SHARDINGKEY`` property (RocketMQ 5's
+    MessageConst.PROPERTY_SHARDING_KEY); InvalidMessageError when the key is not a non-empty string or holds a
+    property separator."""
+    if not isinstance(sharding_key, str) or not sharding_key:
+        raise InvalidMessageError(f"sharding_key must be a non-empty string, got {sharding_key!r}")
+    if not isinstance(msg, Message):
+        raise InvalidMessageError(f"expected a protocol.message.Message, got {type(msg).__name__}")
+    try:
+        check_property_text(MessageConst.SHARDING_KEY, sharding_key)
+    except ValueError as exc:
+        raise InvalidMessageError(f"sharding_key: {exc}") from None
+    return dataclasses.replace(msg, properties={**msg.properties, MessageConst.SHARDING_KEY: sharding_key})
 
 
 def validate_message(msg: Any, max_message_size: int) -> None:
@@ -240,12 +264,17 @@ class Producer:
         selector: MessageQueueSelector | None = None,
         arg: Any = None,
         message_queue: MessageQueue | None = None,
+        sharding_key: str | None = None,
     ) -> SendResult:
         """Send one message and wait until the broker stored it.
 
-        * no ``selector`` / ``message_queue``: round robin with retries on another queue/broker;
+        * no ``selector`` / ``message_queue`` / ``sharding_key``: round robin with retries on another queue/broker;
         * ``selector(mqs, msg, arg)``: the queue it returns (no retry elsewhere);
-        * ``message_queue``: exactly that queue (no retry elsewhere).
+        * ``message_queue``: exactly that queue (no retry elsewhere);
+        * ``sharding_key``: the message carries it as the ``__SHARDINGKEY`` property (``msg`` itself is not
+          changed) and goes to ``SelectMessageQueueByHash()(mqs, msg, sharding_key)`` (no retry elsewhere). An
+          orderly consumer with ``order_scope="key"`` consumes each sharding key in order, different keys of one
+          queue in parallel.
 
         ``timeout_ms`` defaults to ``send_msg_timeout``. Raises InvalidMessageError subclasses, NoRouteError,
         SelectorError, MQBrokerError (a non-retryable broker answer), SendFailedError (all attempts of a
@@ -256,6 +285,12 @@ class Producer:
         timeout = self.config.send_msg_timeout if timeout_ms is None else timeout_ms
         if selector is not None and message_queue is not None:
             raise MQClientError("pass either selector or message_queue, not both")
+        if sharding_key is not None:
+            if selector is not None or message_queue is not None:
+                raise MQClientError("sharding_key picks the queue: pass it without selector or message_queue")
+            msg = with_sharding_key(msg, sharding_key)
+            validate_message(msg, self.config.max_message_size)
+            selector, arg = _BY_HASH, sharding_key
         if selector is not None or message_queue is not None:
             info = await self._publish_info(client, msg.topic)
             if message_queue is not None:

@@ -4,8 +4,9 @@ Each loop runs :meth:`PullService.pull_once` (DefaultMQPushConsumerImpl.pullMess
 PullCallback) and sleeps for the delay it returns:
 
 * flow control, ``pull_time_delay_mills_when_flow_control`` (50 ms): more cached messages than
-  ``pull_threshold_for_queue``, more cached MiB than ``pull_threshold_size_for_queue``, or (concurrently)
-  an offset span above ``consume_concurrently_max_span``;
+  ``pull_threshold_for_queue``, more cached MiB than ``pull_threshold_size_for_queue``, or (concurrently, and
+  orderly with ``order_scope="key"``, whose commits are the contiguous completed prefix too) an offset span above
+  ``consume_concurrently_max_span``;
 * orderly consumers pull only while the process queue is locked (else retry after 3 s), and the first
   pull after locking re-reads the stored offset, which wins over the in-memory one;
 * long polling: the pull carries the suspend flag, the broker holds it up to
@@ -69,7 +70,8 @@ def flow_control_reason(pq: ProcessQueue, config: PushConsumerConfig, orderly: b
         return "count"
     if pq.msg_size // _MIB > config.pull_threshold_size_for_queue:
         return "size"
-    if not orderly and pq.max_span > config.consume_concurrently_max_span:
+    if (not orderly or getattr(config, "order_scope", "queue") == "key") \
+            and pq.max_span > config.consume_concurrently_max_span:
         return "span"
     return None
 

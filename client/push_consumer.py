@@ -63,6 +63,7 @@ from trimq.client.consume.common import (
 )
 from trimq.client.consume.concurrently import ConsumeMessageConcurrentlyService
 from trimq.client.consume.orderly import ConsumeMessageOrderlyService
+from trimq.client.consume.orderly_keyed import ConsumeMessageKeyedService
 from trimq.client.consumer_core import ConsumerCore
 from trimq.client.errors import ClientClosedError, MQClientError
 from trimq.client.instance import ClientInstance
@@ -444,7 +445,9 @@ class PushConsumer:
             self.instance = await stack.enter_async_context(ClientInstance(self.config))
         instance = self.instance
         assert instance is not None and self._listener is not None
-        cls = ConsumeMessageOrderlyService if self._orderly else ConsumeMessageConcurrentlyService
+        cls: type[ConsumeService] = ConsumeMessageConcurrentlyService
+        if self._orderly:  # order_scope "key": a queue's keys in parallel (client.consume.orderly_keyed)
+            cls = ConsumeMessageKeyedService if self.config.order_scope == "key" else ConsumeMessageOrderlyService
         service = cls(self.group_name, self.config, self._listener, hooks=self.hooks, stats=self.stats,
                       clock=self._clock, wall_clock=self._wall_clock)
         core = _Core(self.config, service, instance=instance, consume_orderly=self._orderly,
@@ -642,6 +645,9 @@ class PushConsumer:
             "mqTable": mq_table,
             "lockedQueues": locked,
             "blockedQueues": self.blocked_queues(),
+            "orderScope": self.config.order_scope if self._orderly else None,
+            "blockedKeys": ([b.to_wire(now) for b in service.blocked_key_list()]
+                            if isinstance(service, ConsumeMessageKeyedService) else []),
             "statusTable": service.stats.snapshot(),
             "inFlight": service.in_flight,
             "sendBack": dict(service.stats.sent_back),
@@ -659,6 +665,7 @@ class PushConsumer:
         blocked = {}
         if isinstance(service, ConsumeMessageOrderlyService):
             blocked = {b.message_queue: b for b in service.blocked_queues()}
+        blocked_keys = service.blocked_key_counts() if isinstance(service, ConsumeMessageKeyedService) else None
         queues = []
         for mq, pq in list(core.rebalance.process_queue_table.items()):
             if pq.dropped:
@@ -669,6 +676,7 @@ class PushConsumer:
                 bytes=pq.msg_size, locked=pq.locked and self._orderly,
                 blocked_seconds=b.blocked_ms(now) / 1000 if b is not None else None,
                 blocked_attempts=b.attempts if b is not None else 0,
+                blocked_keys=blocked_keys.get(mq, 0) if blocked_keys is not None else None,
             ))
         return queues, dict(core.pull_service.stats), service.stats.dead_lettered
 

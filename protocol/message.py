@@ -26,6 +26,8 @@ class MessageConst:
     CLUSTER = "CLUSTER"
     # trimq: when a dead-lettered message was skipped by an operator rather than exhausted.
     SKIPPED_BY = "TRIMQ_SKIPPED_BY"
+    # RocketMQ 5's PROPERTY_SHARDING_KEY: the key an orderly key-scope consumer keeps in order (issue 17).
+    SHARDING_KEY = "__SHARDINGKEY"
 
 
 KEY_SEPARATOR = " "

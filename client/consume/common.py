@@ -40,6 +40,7 @@ import trio
 
 from trimq.client.api import MQClientAPI
 from trimq.client.config import PushConsumerConfig
+from trimq.client.consume_lock import ConsumeLock
 from trimq.client.errors import MQBrokerError, MQClientError, NoRouteError
 from trimq.client.instance import TopicPublishInfo
 from trimq.protocol.address import format_address
@@ -570,7 +571,7 @@ class RebalanceView(Protocol):
     @property
     def clustering(self) -> bool: ...
 
-    def consume_lock(self, pq: Any) -> trio.Lock: ...
+    def consume_lock(self, pq: Any) -> ConsumeLock | trio.Lock: ...
 
     async def lock(self, mq: MessageQueue) -> bool: ...
 

@@ -177,6 +177,13 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
             return False
         return await self.rebalance.lock(mq)
 
+    def batch_context(self, mq: MessageQueue) -> ConsumeOrderlyContext:
+        """A batch's listener context, with the fencing token of the lock it starts under (issue 14): read with the
+        usability check before the listener call."""
+        epoch_of = getattr(self.rebalance, "lock_epoch", None) if self.clustering else None
+        epoch = epoch_of(mq) if epoch_of is not None else None
+        return ConsumeOrderlyContext(mq, lock_epoch=epoch)
+
     # --- the consume loop ----------------------------------------------------------------------------
 
     def _usable(self, pq: ProcessQueue) -> bool:
@@ -226,10 +233,7 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
         committed, so a rebalance that removes the queue never persists an offset older than what was
         consumed before it unlocks the queue on the broker (RocketMQ releases it before processing the result).
         """
-        # The fencing token of the lock this batch starts under (issue 14): read with the usability check below.
-        epoch_of = getattr(self.rebalance, "lock_epoch", None) if self.clustering else None
-        epoch = epoch_of(mq) if epoch_of is not None else None
-        context = ConsumeOrderlyContext(mq, lock_epoch=epoch)
+        context = self.batch_context(mq)
         hook_ctx = self.hook_context(mq, msgs) if self.hooks else None
 
         async def before() -> None:

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import trio
 
 from trimq.client.api import LockBatchAnswer, MQClientAPI
+from trimq.client.consume_lock import ConsumeLock
 from trimq.client.errors import MQBrokerError, MQClientError, OffsetUnavailableError
 from trimq.client.offset_store import READ_FROM_STORE, OffsetStore
 from trimq.client.process_queue import ProcessQueue
@@ -175,7 +176,7 @@ class RebalanceImpl:
         consumer restarts its pull loop and consume task at once instead of after their retry delays."""
         self._connection_lost: set[MessageQueue] = set()
         self.nursery: trio.Nursery | None = None
-        self._consume_locks: weakref.WeakKeyDictionary[ProcessQueue, trio.Lock] = weakref.WeakKeyDictionary()
+        self._consume_locks: weakref.WeakKeyDictionary[ProcessQueue, ConsumeLock] = weakref.WeakKeyDictionary()
         self._rate = RateLimiter(10_000)
 
     # --- helpers -----------------------------------------------------------------------------------
@@ -184,12 +185,13 @@ class RebalanceImpl:
         """The nursery delayed unlocks run in (the consumer's)."""
         self.nursery = nursery
 
-    def consume_lock(self, pq: ProcessQueue) -> trio.Lock:
-        """The consume lock of a process queue: held while its messages are consumed (orderly) and by a
-        rebalance that removes it. RocketMQ keeps it inside ProcessQueue; ours is pure, so it lives here."""
+    def consume_lock(self, pq: ProcessQueue) -> ConsumeLock:
+        """The consume lock of a process queue: held while its messages are consumed (orderly; shared by the batches
+        of key scope) and by a rebalance that removes it. RocketMQ keeps it inside ProcessQueue; ours is pure, so it
+        lives here."""
         lock = self._consume_locks.get(pq)
         if lock is None:
-            lock = self._consume_locks[pq] = trio.Lock()
+            lock = self._consume_locks[pq] = ConsumeLock()
         return lock
 
     def new_process_queue(self) -> ProcessQueue:

@@ -143,6 +143,9 @@ class ProducerConfig(ClientConfig):
     default_topic_queue_nums: int = setting(4, "queues per broker of a topic created on first send",
                                             min=1, max=1024)
     create_topic_key: str = setting("TBW102", "the default topic whose route is used to auto-create topics")
+    send_latency_fault_enable: bool = setting(False, "avoid a broker that failed or answered slowly for a time "
+                                              "that grows with its latency (RocketMQ's sendLatencyFaultEnable: "
+                                              "550 ms -> 30 s ... a failure -> 10 min; until its master re-registers)")
 
     def validate(self) -> ProducerConfig:
         super().validate()
@@ -239,15 +242,15 @@ class PushConsumerConfig(ClientConfig):
                                           "$TRIMQ_CLIENT_LOCAL_OFFSET_STORE_DIR or ~/.trimq_offsets")
     consume_lock_wait_millis: int = setting(1000, "orderly: how long a rebalance waits for a queue's "
                                             "consume lock before giving up removing it", min=0, max=600_000)
-
-    def __post_init__(self) -> None:
-        if not self.consume_timestamp:
     order_scope: str = setting("queue", "orderly: 'queue' (RocketMQ: a queue's messages one batch at a time) or "
                                "'key' (a queue's keys in parallel, each key in queue order; the key is the "
                                "__SHARDINGKEY property, else KEYS: docs/EMBEDDING.md)", choices=ORDER_SCOPES)
     max_in_flight_keys: int = setting(64, "orderly, order_scope 'key': keys of this consumer in the listener at "
                                       "once, over all its queues (a plain-def listener is also held to "
                                       "consume_thread_max threads)", min=1, max=65535)
+
+    def __post_init__(self) -> None:
+        if not self.consume_timestamp:
             self.consume_timestamp = default_consume_timestamp()
         super().__post_init__()
 

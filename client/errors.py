@@ -15,6 +15,7 @@ from trimq.protocol.codes import ResponseCode, code_name
 from trimq.runtime.client import RemotingClosedError, RemotingConnectError, RemotingError, RemotingTimeoutError
 
 __all__ = [
+    "BrokerNotAvailableError",
     "BrokerNotFoundError",
     "ClientClosedError",
     "ClientIdConflictError",
@@ -121,6 +122,17 @@ class BrokerNotFoundError(MQClientError):
     def __init__(self, broker_name: str) -> None:
         self.broker_name = broker_name
         super().__init__(f"broker {broker_name!r} is not in any known route (no master address)")
+
+
+class BrokerNotAvailableError(BrokerNotFoundError):
+    """The route lists the broker, but its master is down (only a slave is listed, or the master could not be reached
+    a moment ago): a send to one of its queues fails fast (issue 15). An ordered send is not moved to another
+    broker, which would break the order of its key: retry when the master is back or a slave was promoted."""
+
+    def __init__(self, broker_name: str, why: str) -> None:
+        self.why = why
+        MQClientError.__init__(self, f"broker {broker_name!r} is not available for sends: {why}")
+        self.broker_name = broker_name
 
 
 class InvalidMessageError(MQClientError, ValueError):

@@ -8,7 +8,14 @@ addresses, and the timers, all as tasks in one nursery::
         async with Producer(ProducerConfig(...), instance=client) as producer: ...
 
 * routes of every produced or subscribed topic are refreshed every ``poll_name_server_interval``
-  (30 s) and on demand (a send to an unknown topic, a broker missing from the table);
+  (30 s) and on demand (a send to an unknown topic, a broker missing from the table); **at once** when a
+  connection to a broker closes or a request to it cannot reach it, and again a few times over the next
+  seconds (:data:`ROUTE_REFRESH_BURST_S`) while the route still lists that address — the name server drops a
+  dead broker when its connection closes, so a dead master leaves the routes within about a second instead of
+  the 30 s poll (issue 15, docs/PROTOCOL.md "Fast detection");
+* addresses a request could not reach are avoided for :data:`UNREACHABLE_MS` by the pull path and the offset
+  store (they read from and commit to the slave of a broker whose master is away) and the moment a route lists
+  a broker's master again, listeners (the producer's latency fault tolerance) are told;
 * a heartbeat goes to every known broker every ``heartbeat_broker_interval`` (30 s), at once on start
   and whenever a producer or consumer registers or a rebalance changes something;
 * consumers rebalance every ``rebalance_interval`` (20 s) and **immediately** when a broker pushes
@@ -34,6 +41,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -57,11 +65,13 @@ from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.route import PERM_READ, PERM_WRITE, QueueData, TopicRouteData
 from trimq.protocol.validation import is_retry_topic
-from trimq.runtime.client import RemotingClient, RemotingError
+from trimq.runtime.client import RemotingClient, RemotingConnectError, RemotingError
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = [
     "DEFAULT_LEASE_MS",
+    "ROUTE_REFRESH_BURST_S",
+    "UNREACHABLE_MS",
     "ClientInstance",
     "ConsumerInner",
     "LeaseHolder",
@@ -77,6 +87,12 @@ MASTER_ID = 0
 _LIVE_CLIENT_IDS: set[str] = set()
 #: The lease assumed until a broker says (its LOCK_BATCH_MQ answers carry ``leaseMs``): trimq's default.
 DEFAULT_LEASE_MS = 2000
+#: After a broker connection closed or failed, routes are refreshed at once and then after these delays (s) while
+#: they still list the address (the name server may not have dropped it yet when the first refresh arrives).
+ROUTE_REFRESH_BURST_S = (0.1, 0.2, 0.4, 0.8, 1.5, 3.0)
+#: How long (ms) an address a request could not reach is avoided for reads and offset commits (the route
+#: listing it again, or a later success, ends it sooner).
+UNREACHABLE_MS = 3_000
 
 
 def local_ip() -> str:
@@ -109,9 +125,25 @@ class TopicPublishInfo:
     message_queue_list: list[MessageQueue]
     route: TopicRouteData | None = None
     send_which_queue: int = field(default_factory=lambda: random.randrange(2**31))
+    topic: str = ""
 
     def ok(self) -> bool:
         return bool(self.message_queue_list)
+
+    def selectable_queues(self) -> list[MessageQueue]:
+        """What a selector (an ordered send) chooses from: the writable queues of every broker of the route,
+        including a broker whose master is down while its slave is up. RocketMQ leaves those out, which silently
+        moves the keys of such a queue to other queues and breaks their order; here a send to one fails fast
+        (client/producer.py) and the keys of the other queues keep their queues."""
+        route = self.route
+        if route is None or not self.topic:
+            return self.message_queue_list
+        brokers = {bd.broker_name for bd in route.broker_datas}
+        out: list[MessageQueue] = []
+        for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
+            if qd.writeable and qd.broker_name in brokers:
+                out.extend(MessageQueue(self.topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
+        return out or self.message_queue_list
 
     def _next(self) -> MessageQueue:
         self.send_which_queue = (self.send_which_queue + 1) & 0x7FFFFFFF
@@ -225,6 +257,14 @@ class ClientInstance:
         self._lease_wakeup = trio.Event()
         self._lease_ms_by_addr: dict[str, int] = {}
         self._rejoined_at: dict[str, float] = {}
+        # Fast detection (issue 15): route refreshes on demand, addresses a request could not reach.
+        self._route_wakeup = trio.Event()
+        self._route_suspects: dict[str, int] = {}  # address -> refreshes of the burst done
+        self._unreachable: dict[str, float] = {}  # address -> trio time until which it is avoided
+        self.route_refreshes = 0
+        """Route refreshes asked for by a closed or failed broker connection."""
+        self.master_listeners: list[Callable[[str], None]] = []
+        """Called with a broker name whose master address (re-)appears in a route (or changes)."""
         self.lease_renewals = 0
         """LOCK_BATCH_MQ renewals sent by the renewal task."""
         self._stack: AsyncExitStack | None = None
@@ -410,12 +450,20 @@ class ClientInstance:
     def _apply_route(self, topic: str, route: TopicRouteData, *, from_default: bool = False) -> None:
         old = self.topic_route_table.get(topic)
         for bd in route.broker_datas:
+            before = self.broker_addr_table.get(bd.broker_name, {})
             self.broker_addr_table[bd.broker_name] = dict(bd.broker_addrs)
+            master = bd.broker_addrs.get(MASTER_ID)
+            if master is not None and before.get(MASTER_ID) != master:
+                self._unreachable.pop(master, None)  # registered again: a restarted or promoted master
+                if before:  # (not a broker seen for the first time)
+                    log.info("route.master_back", broker=bd.broker_name, master=master)
+                for listener in list(self.master_listeners):
+                    listener(bd.broker_name)
         changed = old != route
         if changed or topic not in self.topic_publish_info_table:
             pub = route.publish_queues(topic)
             if pub or topic in self.topic_publish_info_table:
-                self.topic_publish_info_table[topic] = TopicPublishInfo(pub, route)
+                self.topic_publish_info_table[topic] = TopicPublishInfo(pub, route, topic=topic)
         if changed or any(c.is_subscribe_topic_need_update(topic) for c in self.consumers.values()):
             sub = route.subscribe_queues(topic)
             for c in list(self.consumers.values()):
@@ -438,6 +486,85 @@ class ClientInstance:
         for topic in sorted(self._topics_in_use()):
             await self.update_topic_route_info_from_name_server(topic)
         self._clean_offline_brokers()
+
+    # --- fast detection (issue 15) -------------------------------------------------------------------------
+
+    def _known_broker_addr(self, addr: str) -> bool:
+        return any(addr in addrs.values() for addrs in self.broker_addr_table.values())
+
+    def request_route_refresh(self, addr: str | None = None) -> None:
+        """Refresh every route now (coalesced). With ``addr`` (a broker whose connection closed or failed): keep
+        refreshing a few times (:data:`ROUTE_REFRESH_BURST_S`) while the routes still list it."""
+        if addr is not None:
+            self._route_suspects.setdefault(addr, 0)
+        self._route_wakeup.set()
+
+    def broker_unreachable(self, addr: str) -> None:
+        """A request could not reach ``addr`` (connect refused, connection broken): avoid it for reads and offset
+        commits for :data:`UNREACHABLE_MS` and refresh the routes now."""
+        if self._running:
+            self._unreachable[addr] = trio.current_time() + UNREACHABLE_MS / 1000
+        self.request_route_refresh(addr)
+        log_rate_limited(self._rate, ("unreachable", addr), _now_ms(), log.warning, "route.broker_unreachable",
+                         addr=addr, brokers=[n for n, a in self.broker_addr_table.items() if addr in a.values()])
+
+    def is_reachable(self, addr: str) -> bool:
+        """False while ``addr`` is avoided after a request could not reach it."""
+        until = self._unreachable.get(addr)
+        if until is None:
+            return True
+        if trio.current_time() >= until:
+            del self._unreachable[addr]
+            return True
+        return False
+
+    def note_failure(self, addr: str, exc: BaseException) -> None:
+        """Called by the pull path, the offset store and the producer with a failed request's error: a broker that
+        could not be reached is :meth:`broker_unreachable`."""
+        if isinstance(exc, RemotingConnectError):
+            self.broker_unreachable(addr)
+
+    def find_broker_addr_in_subscribe(self, broker_name: str, broker_id: int = MASTER_ID) -> tuple[str, int] | None:
+        """Where to read ``broker_name`` from (RocketMQ's findBrokerAddressInSubscribe, not only this broker):
+        ``broker_id`` (the broker's suggestion) if listed and reachable, else the master, else a slave; an
+        unreachable address only when nothing else is listed. ``(address, broker id)`` or None."""
+        addrs = self.broker_addr_table.get(broker_name)
+        if not addrs:
+            return None
+        order = [broker_id, MASTER_ID, *sorted(b for b in addrs if b not in (broker_id, MASTER_ID))]
+        listed = [(addrs[b], b) for b in order if b in addrs]
+        for addr, bid in listed:
+            if self.is_reachable(addr):
+                return addr, bid
+        return listed[0]
+
+    async def find_broker_addr_for_read(self, broker_name: str, broker_id: int = MASTER_ID,
+                                        topic: str | None = None) -> tuple[str, int] | None:
+        """:meth:`find_broker_addr_in_subscribe`, refreshing ``topic``'s route once when the broker is unknown."""
+        found = self.find_broker_addr_in_subscribe(broker_name, broker_id)
+        if found is None and topic is not None:
+            await self.update_topic_route_info_from_name_server(topic)
+            found = self.find_broker_addr_in_subscribe(broker_name, broker_id)
+        return found
+
+    async def find_broker_addr_for_offsets(self, broker_name: str, topic: str | None = None) -> str | None:
+        """Where offsets of ``broker_name`` go: its master when listed and reachable, else (RocketMQ's
+        RemoteBrokerOffsetStore: any broker of that name) its slave, which keeps them for the master (merged by
+        commit version when the master is back)."""
+        master = self.find_broker_address_in_publish(broker_name)
+        if master is not None and self.is_reachable(master):
+            return master
+        found = await self.find_broker_addr_for_read(broker_name, MASTER_ID, topic)
+        return found[0] if found is not None else master
+
+    def master_down(self, broker_name: str) -> bool:
+        """True when the routes list ``broker_name`` without a master, or its master is unreachable: its orderly
+        queues cannot be locked (locks live on the master) and pause until it is back."""
+        addrs = self.broker_addr_table.get(broker_name)
+        if not addrs:
+            return False
+        master = addrs.get(MASTER_ID)
+        return master is None or not self.is_reachable(master)
 
     def _clean_offline_brokers(self) -> None:
         live = {bd.broker_name for r in self.topic_route_table.values() for bd in r.broker_datas}
@@ -609,9 +736,30 @@ class ClientInstance:
     # --- timers ------------------------------------------------------------------------------------
 
     async def _route_loop(self) -> None:
+        # Every poll_name_server_interval, and at once when asked (request_route_refresh); while a suspect address
+        # (a closed or failed broker connection) is still listed, again after each delay of the burst.
+        deadline = trio.current_time() + self.config.poll_name_server_interval / 1000
         while True:
-            await trio.sleep(self.config.poll_name_server_interval / 1000)
+            with trio.move_on_at(deadline):
+                await self._route_wakeup.wait()
+            self._route_wakeup = trio.Event()
+            asked = bool(self._route_suspects) or trio.current_time() < deadline
+            if asked:
+                self.route_refreshes += 1
             await self.update_all_topic_routes()
+            if not asked:
+                deadline = trio.current_time() + self.config.poll_name_server_interval / 1000
+            delays = []
+            for addr, done in list(self._route_suspects.items()):
+                if not self._known_broker_addr(addr) or done >= len(ROUTE_REFRESH_BURST_S):
+                    del self._route_suspects[addr]
+                    continue
+                delays.append(ROUTE_REFRESH_BURST_S[done])
+                self._route_suspects[addr] = done + 1
+            if delays:
+                with trio.move_on_after(min(delays)):
+                    await self._route_wakeup.wait()
+                self._route_wakeup.set()
 
     def heartbeat_immediately(self) -> None:
         """Wake the heartbeat loop now (a broker said this client is no longer a member of a group)."""
@@ -686,8 +834,11 @@ class ClientInstance:
         self._lease_wakeup.set()
 
     def _on_connection_closed(self, addr: str) -> None:
-        # Called by the transport the moment a connection closes: the broker may release this client's locks
-        # after its short disconnect grace, so stop that broker's queues now and re-lock them at once.
+        # Called by the transport the moment a connection closes. A broker may have died: refresh the routes now
+        # (fast detection, issue 15). And it may release this client's locks after its short disconnect grace, so
+        # stop that broker's queues now and re-lock them at once.
+        if self._running and self._known_broker_addr(addr):
+            self.request_route_refresh(addr)
         names = self._master_names(addr)
         if not names:
             return

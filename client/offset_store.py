@@ -18,6 +18,11 @@ QUERY_CONSUMER_OFFSET, or from the reset notification, client/admin_handlers.py)
 (``resetGeneration``); the broker refuses a commit made before a reset the member did not see, and the store
 then calls ``on_stale_reset(mq)`` (the push consumer drops the queue and reads its offset again).
 
+HA (issue 15): offsets go to the queue's master, and to its slave while the master is away (not listed in the
+route, or a request could not reach it: ``ClientInstance.find_broker_addr_for_offsets``), as RocketMQ's
+RemoteBrokerOffsetStore does; the slave keeps them and hands them to the master when it returns (merged by commit
+version, broker/store/offset_merge.py), where RocketMQ 4.9.3 loses them.
+
 ``read_offset`` returns the offset, ``-1`` when none is stored, ``-2`` when it could not be read (broker
 unreachable or answering an error). Unlike RocketMQ 4.9.3, a broker *error* other than QUERY_NOT_FOUND
 is -2, not -1, so a transient failure is never mistaken for "new group, start from the configured place".
@@ -227,7 +232,11 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         return offset
 
     async def _addr(self, mq: MessageQueue) -> str:
-        addr = await self.broker.find_broker_addr(mq.broker_name, mq.topic)
+        find = getattr(self.broker, "find_broker_addr_for_offsets", None)  # (fakes in tests: the master only)
+        if find is not None:
+            addr = await find(mq.broker_name, mq.topic)
+        else:
+            addr = await self.broker.find_broker_addr(mq.broker_name, mq.topic)
         if addr is None:
             raise MQClientError(f"broker {mq.broker_name!r} of {mq} is not in any known route")
         return addr
@@ -243,6 +252,11 @@ class RemoteBrokerOffsetStore(_MemoryOps):
                 addr, self.consumer_group, mq, offset, self.broker.client_id, timeout_ms=self.timeout_ms,
                 lock_epoch=epoch, reset_generation=generation,
             )
+        except RemotingError as exc:
+            note_failure = getattr(self.broker, "note_failure", None)
+            if note_failure is not None:
+                note_failure(addr, exc)  # the next attempt goes to the slave (issue 15)
+            raise
         except StaleResetGenerationError as exc:
             # The offset is from before a reset this member was not told of: never again, read it anew.
             self.stale_reset_updates += 1

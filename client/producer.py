@@ -14,7 +14,12 @@ string (so a selector's users keep their queues).
 
 A plain ``send`` picks queues round robin and, when an attempt fails, retries up to
 ``retry_times_when_send_failed`` times on another queue, preferring another broker (RocketMQ's
-selectOneMessageQueue avoiding the last failed broker), all within ``send_msg_timeout``. A send with a
+selectOneMessageQueue avoiding the last failed broker), all within ``send_msg_timeout``. With
+``send_latency_fault_enable`` it also avoids, for a while, brokers that failed or answered slowly (RocketMQ's
+latency fault tolerance, client/latency_fault.py). A send to a selected queue whose broker's master is down (the
+route lists only its slave, or it could not be reached a moment ago) fails at once with BrokerNotAvailableError
+(issue 15); selectors choose among the queues of every broker of the route, so the other keys keep their queues.
+A send with a
 ``sharding_key``, a ``selector`` or an explicit ``message_queue`` is not retried elsewhere: that would break the
 ordering the caller asked for.
 
@@ -40,6 +45,7 @@ from trimq.client.aio import asyncio_native
 from trimq.client.api import SendResult, SendStatus
 from trimq.client.config import ProducerConfig
 from trimq.client.errors import (
+    BrokerNotAvailableError,
     BrokerNotFoundError,
     ClientClosedError,
     EmptyBodyError,
@@ -54,6 +60,7 @@ from trimq.client.errors import (
     SendFailedError,
 )
 from trimq.client.instance import ClientInstance, TopicPublishInfo
+from trimq.client.latency_fault import MQFaultStrategy
 from trimq.client.selectors import MessageQueueSelector, SelectMessageQueueByHash
 from trimq.protocol.codes import ResponseCode
 from trimq.protocol.message import (
@@ -71,6 +78,11 @@ from trimq.runtime.logs import get_logger
 __all__ = ["Producer", "UniqIdGenerator", "validate_message", "with_sharding_key"]
 
 log = get_logger("trimq.producer")
+
+
+def _mono_ms() -> int:
+    """The latency fault tolerance's clock (ms): the trio clock, so tests can run it under MockClock."""
+    return int(trio.current_time() * 1000)
 
 # RocketMQ's TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET plus the auto-create key topic.
 FORBIDDEN_TOPICS = frozenset({
@@ -220,6 +232,8 @@ class Producer:
         self._stack: AsyncExitStack | None = None
         self._uniq: UniqIdGenerator | None = None
         self._running = False
+        #: RocketMQ's MQFaultStrategy (``send_latency_fault_enable``; issue 15).
+        self.fault_strategy = MQFaultStrategy(self.config.send_latency_fault_enable)
 
     @property
     def group_name(self) -> str:
@@ -234,6 +248,10 @@ class Producer:
             self._uniq = UniqIdGenerator(self.instance.client_ip)
             await self.instance.register_producer(self)
             stack.push_async_callback(self.instance.unregister_producer, self.group_name)
+            # A master that (re-)registers is used again at once, not after the time its failure earned it.
+            listeners = self.instance.master_listeners
+            listeners.append(self.fault_strategy.latency_fault_tolerance.remove)
+            stack.callback(listeners.remove, self.fault_strategy.latency_fault_tolerance.remove)
         except BaseException:
             await stack.aclose()
             raise
@@ -410,7 +428,7 @@ class Producer:
 
     async def message_queues(self, topic: str) -> list[MessageQueue]:
         """The writable queues of ``topic`` (what a selector chooses from)."""
-        return list((await self._publish_info(self._client(), topic)).message_queue_list)
+        return list((await self._publish_info(self._client(), topic)).selectable_queues())
 
     # --- internals ----------------------------------------------------------------------------------
 
@@ -427,7 +445,7 @@ class Producer:
 
     @staticmethod
     def _select(info: TopicPublishInfo, selector: MessageQueueSelector, msg: Message, arg: Any) -> MessageQueue:
-        mqs = list(info.message_queue_list)
+        mqs = info.selectable_queues()  # a broker whose master is down keeps its queues: no key moves (issue 15)
         try:
             mq = selector(mqs, msg, arg)
         except Exception as exc:
@@ -445,25 +463,33 @@ class Producer:
         last_broker: str | None = None
         attempts: list[tuple[object, BaseException]] = []
         result: SendResult | None = None
+        fault = self.fault_strategy
         for times in range(times_total):
-            mq = info.select_one_message_queue(last_broker)
+            mq = fault.select_one_message_queue(info, last_broker, _mono_ms())
             last_broker = mq.broker_name
             remaining = timeout - int((trio.current_time() - start) * 1000)
             if remaining <= 0:
                 attempts.append((mq, TimeoutError(f"send timed out after {timeout} ms")))
                 break
+            began = _mono_ms()
             try:
                 result = await attempt(mq, remaining)
             except (RemotingError, MQClientError) as exc:
+                fault.update_fault_item(mq.broker_name, _mono_ms() - began, True, _mono_ms())
+                addr = client.find_broker_address_in_publish(mq.broker_name)
+                if isinstance(exc, RemotingError) and addr is not None:
+                    client.note_failure(addr, exc)  # routes refreshed now, the address avoided (issue 15)
                 attempts.append((mq, exc))
                 log.info("send.retry", topic=topic, mq=str(mq), attempt=times + 1, error=str(exc))
                 continue
             except MQBrokerError as exc:
+                fault.update_fault_item(mq.broker_name, _mono_ms() - began, True, _mono_ms())
                 if exc.code in RETRY_RESPONSE_CODES:
                     attempts.append((mq, exc))
                     log.info("send.retry", topic=topic, mq=str(mq), attempt=times + 1, error=str(exc))
                     continue
                 raise
+            fault.update_fault_item(mq.broker_name, _mono_ms() - began, False, _mono_ms())
             if result.status is not SendStatus.SEND_OK and self.config.retry_another_broker_when_not_store_ok:
                 attempts.append((mq, MQClientError(f"broker answered {result.status.value}")))
                 continue
@@ -482,7 +508,12 @@ class Producer:
     async def _broker_addr(self, client: ClientInstance, mq: MessageQueue) -> str:
         addr = await client.find_broker_addr(mq.broker_name, mq.topic)
         if addr is None:
+            if client.broker_addr_table.get(mq.broker_name):
+                raise BrokerNotAvailableError(mq.broker_name, "its master is down (the route lists only its slave "
+                                              "until it returns or a slave is promoted)")
             raise BrokerNotFoundError(mq.broker_name)
+        if not client.is_reachable(addr):
+            raise BrokerNotAvailableError(mq.broker_name, f"its master {addr} could not be reached a moment ago")
         return addr
 
     async def _send_kernel(self, client: ClientInstance, msg: Message, mq: MessageQueue, timeout: int) -> SendResult:

@@ -18,6 +18,15 @@ PullCallback) and sleeps for the delay it returns:
   stored offset forward; OFFSET_ILLEGAL: drop the queue, store the broker's next offset after 10 s and let
   the rebalance re-create it; any error: retry after ``pull_time_delay_mills_when_exception`` (3 s).
 
+Reading while a master is away (issue 15): a pull goes to the broker id the last answer for the queue suggested
+(``suggestWhichBrokerId``, RocketMQ's pullFromWhichNodeTable), else the master, else a slave of the broker name
+(``ClientInstance.find_broker_addr_in_subscribe``). A pull that cannot reach its broker (connection refused or
+broken) marks the address unreachable, asks for a route refresh and is retried **at once** on another address of
+the broker name (the slave) instead of after 3 s; a slave's answers suggest the master again while it follows
+one, so reads return to the master when it is back. Unlike RocketMQ 4.9.3 (``slaveReadEnable = false``), the
+slave serves the pulls. An orderly queue whose master is down cannot be locked (locks live on the master): it
+pauses, logged (``pull.orderly_paused_master_down``) and counted (``paused_master_down``).
+
 A loop ends when its process queue is dropped (the rebalance also cancels an outstanding long poll).
 """
 
@@ -36,7 +45,7 @@ from trimq.client.process_queue import ProcessQueue
 from trimq.client.rebalance.impl import PullRequest, RebalanceClient, RebalanceImpl
 from trimq.protocol.message import MessageExt
 from trimq.protocol.message_queue import MessageQueue
-from trimq.runtime.client import RemotingError
+from trimq.runtime.client import RemotingConnectError, RemotingError
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = ["OFFSET_ILLEGAL_DELAY_MS", "ConsumeService", "PullService", "flow_control_reason"]
@@ -107,7 +116,12 @@ class PullService:
         self._naps: dict[int, trio.CancelScope] = {}
         self._rate = RateLimiter(10_000)
         self.stats: dict[str, int] = {"pulls": 0, "found": 0, "messages": 0, "no_new": 0, "errors": 0,
-                                      "flow_control": 0, "filtered_out": 0, "offset_illegal": 0}
+                                      "flow_control": 0, "filtered_out": 0, "offset_illegal": 0,
+                                      "from_slave": 0, "paused_master_down": 0}
+        #: The broker id each queue's last answer suggested (RocketMQ's PullAPIWrapper.pullFromWhichNodeTable).
+        self.pull_from_which_node: dict[MessageQueue, int] = {}
+        #: Orderly queues paused because their broker's master is down: queue -> since (ms, this service's clock).
+        self.paused_master_down: dict[MessageQueue, int] = {}
         self._answered = 0
         self.on_pull_rt: Callable[[MessageQueue, float], None] | None = None
         """Told the duration (s) of every answered PULL_MESSAGE (the push consumer's metrics)."""
@@ -196,9 +210,21 @@ class PullService:
 
         if self.consume_orderly:
             if not pq.locked:
+                master_down = getattr(self.client, "master_down", None)
+                if master_down is not None and master_down(mq.broker_name):
+                    # Visible (issue 15): the locks live on the master, so this queue waits for it (or a promotion).
+                    since = self.paused_master_down.setdefault(mq, now)
+                    self.stats["paused_master_down"] += 1
+                    log_rate_limited(self._rate, ("master_down", mq), now, log.warning,
+                                     "pull.orderly_paused_master_down", group=self.consumer_group, mq=str(mq),
+                                     broker=mq.broker_name, paused_ms=now - since,
+                                     why="the master of the broker is down: orderly queues need its locks")
+                    return self._later(min(cfg.pull_time_delay_mills_when_exception, 1000))
+                self.paused_master_down.pop(mq, None)
                 log_rate_limited(self._rate, ("not_locked", mq), now, log.info, "pull.not_locked",
                                  group=self.consumer_group, mq=str(mq))
                 return self._later(cfg.pull_time_delay_mills_when_exception)
+            self.paused_master_down.pop(mq, None)
             if not request.locked_first:
                 try:
                     offset = await self.rebalance.compute_pull_from_where(mq)
@@ -232,10 +258,10 @@ class PullService:
 
         self.stats["pulls"] += 1
         started = trio.current_time()
+        addr: str | None = None
+        broker_id = 0
         try:
-            addr = await self.client.find_broker_addr(mq.broker_name, mq.topic)
-            if addr is None:
-                raise MQClientError(f"broker {mq.broker_name!r} of {mq} is not in any known route")
+            addr, broker_id = await self._pull_addr(mq)
             result = await self.client.api.pull_message(
                 addr,
                 consumer_group=self.consumer_group,
@@ -254,11 +280,27 @@ class PullService:
         except (RemotingError, MQBrokerError, MQClientError) as exc:
             self.stats["errors"] += 1
             log_rate_limited(self._rate, ("pull_error", mq), self.clock(), log.warning, "pull.failed",
-                             group=self.consumer_group, mq=str(mq), offset=request.next_offset, error=str(exc))
+                             group=self.consumer_group, mq=str(mq), offset=request.next_offset, error=str(exc),
+                             addr=addr, broker_id=broker_id)
+            if addr is not None and isinstance(exc, RemotingConnectError):
+                note_failure = getattr(self.client, "note_failure", None)
+                if note_failure is not None:
+                    note_failure(addr, exc)  # avoided from now on, routes refreshed
+                self.pull_from_which_node.pop(mq, None)
+                other = await self._other_addr(mq, addr)
+                if other:
+                    return 0.0  # the slave (or the master again) is there: no 3 s pause (issue 15)
             return self._later(cfg.pull_time_delay_mills_when_exception)
         self._answered += 1  # a response arrived: this task waited for it, no extra checkpoint is needed
         if self.on_pull_rt is not None:
             self.on_pull_rt(mq, trio.current_time() - started)
+        if broker_id != 0:
+            self.stats["from_slave"] += 1
+        if result.suggest_which_broker_id != self.pull_from_which_node.get(mq, 0):
+            if result.suggest_which_broker_id == 0:
+                self.pull_from_which_node.pop(mq, None)
+            else:
+                self.pull_from_which_node[mq] = result.suggest_which_broker_id
 
         if pq.dropped:
             return None
@@ -301,10 +343,31 @@ class PullService:
                 self.on_queue_removed()
         return None
 
+    async def _pull_addr(self, mq: MessageQueue) -> tuple[str, int]:
+        """The address (and broker id) to pull ``mq`` from: see the module docstring."""
+        find = getattr(self.client, "find_broker_addr_for_read", None)
+        if find is None:  # a client without HA routing (tests' fakes): the master
+            addr = await self.client.find_broker_addr(mq.broker_name, mq.topic)
+            found = (addr, 0) if addr is not None else None
+        else:
+            found = await find(mq.broker_name, self.pull_from_which_node.get(mq, 0), mq.topic)
+        if found is None:
+            raise MQClientError(f"broker {mq.broker_name!r} of {mq} is not in any known route")
+        return found
+
+    async def _other_addr(self, mq: MessageQueue, failed: str) -> bool:
+        """Whether another, reachable address of ``mq``'s broker is listed (the retry goes there at once)."""
+        find = getattr(self.client, "find_broker_addr_in_subscribe", None)
+        if find is None:
+            return False
+        found = find(mq.broker_name, 0)
+        return found is not None and found[0] != failed
+
     def correct_tags_offset(self, request: PullRequest) -> None:
         """Nothing cached: the broker's next offset is safe to store (skips filtered-out messages)."""
         if request.process_queue.msg_count == 0:
             self.offset_store.update_offset(request.message_queue, request.next_offset, True)
 
     def info(self) -> dict[str, Any]:
-        return {"paused": self.paused, "loops": self.active_loops, **self.stats}
+        return {"paused": self.paused, "loops": self.active_loops, **self.stats,
+                "pausedMasterDown": [mq.to_wire() for mq in sorted(self.paused_master_down)]}

@@ -309,6 +309,11 @@ def render_consumer_status(doc: Mapping[str, Any], *, now_ms: int) -> str:
             out.append(render_table(["QUEUE", "OFFSET", "MSG_ID", "ATTEMPTS", "BLOCKED_FOR"],
                                     [[_queue(b.get("mq")), b.get("offset"), b.get("msgId"), b.get("attempts"),
                                       format_age(b.get("blockedMs"))] for b in blocked], indent="  "))
+        paused = (c.get("pull") or {}).get("pausedMasterDown") or []
+        if paused:  # HA (issue 15): orderly queues wait for their broker's master, where their locks live
+            out.append("  paused orderly queues: the master of their broker is down (their locks live on it); they "
+                       "resume when it is back or a slave is promoted:")
+            out.append("    " + ", ".join(_queue(m) for m in paused))
         status = c.get("statusTable") or {}
         if status:
             out.append(render_table(

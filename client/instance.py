@@ -70,6 +70,7 @@ from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 __all__ = [
     "DEFAULT_LEASE_MS",
+    "MASTERLESS_POLL_S",
     "ROUTE_REFRESH_BURST_S",
     "UNREACHABLE_MS",
     "ClientInstance",
@@ -93,6 +94,9 @@ ROUTE_REFRESH_BURST_S = (0.1, 0.2, 0.4, 0.8, 1.5, 3.0)
 #: How long (ms) an address a request could not reach is avoided for reads and offset commits (the route
 #: listing it again, or a later success, ends it sooner).
 UNREACHABLE_MS = 3_000
+#: While a route lists a broker without its master, routes are refreshed this often (s) instead of every
+#: ``poll_name_server_interval``: reads and offsets go back to the master soon after it returns.
+MASTERLESS_POLL_S = 2.0
 
 
 def local_ip() -> str:
@@ -749,6 +753,8 @@ class ClientInstance:
             await self.update_all_topic_routes()
             if not asked:
                 deadline = trio.current_time() + self.config.poll_name_server_interval / 1000
+            if any(MASTER_ID not in addrs for addrs in self.broker_addr_table.values()):
+                deadline = min(deadline, trio.current_time() + MASTERLESS_POLL_S)  # waiting for a master to return
             delays = []
             for addr, done in list(self._route_suspects.items()):
                 if not self._known_broker_addr(addr) or done >= len(ROUTE_REFRESH_BURST_S):

@@ -117,6 +117,7 @@ class HAController:
                                heartbeat_interval_ms=config.ha_send_heartbeat_interval,
                                housekeeping_interval_ms=config.ha_housekeeping_interval,
                                on_master=self._on_master)
+        self.client.on_master_lost = self._on_master_lost
         self.sync = SlaveSynchronize(master_addr=self.master_addr, topics=topics, groups=groups, offsets=offsets,
                                      schedule=schedule, interval_ms=config.slave_synchronize_interval_ms,
                                      merge_offsets=merge_offsets)
@@ -327,6 +328,12 @@ class HAController:
         if not self.learned_master_addr and ack.master_addr:
             self.store.not_writable_reason = self._slave_reason()
         self.sync.wake()  # (re)connected: merge offsets both ways now, not up to 10 s later
+
+    def _on_master_lost(self) -> None:
+        # Consumers read from this slave while its master is away (HA part 2): a topic the master created after the
+        # last metadata sync gets a config from its replicated queues now, or its pulls would find no topic.
+        if not self.is_master:
+            self._recreate_topics()
 
     # -- requests -----------------------------------------------------------------------------------------------
     async def promote_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:

@@ -77,10 +77,18 @@ async def test_offsets_committed_on_the_slave_survive_the_masters_return(
         assert await slave.ha_controller.sync.sync_all(rclient)
         assert slave.offset_manager.query_offset("cg", "T", 1) == 1
         await commit(rclient, master.address, 1, 5)  # after the last sync: the slave never sees this one
+        assert (await send(rclient, master.address, "Late", 0, b"late")).code == ResponseCode.SUCCESS
+        await until(lambda: slave.store.get_max_offset_in_queue("Late", 0) == 1, "the late topic replicated")
+        assert slave.topic_config_manager.get("Late") is None  # created after the last sync
         # the master goes away; its consumers read from the slave and commit there
         stop_master.set()
         await master_stopped.wait()
         await until(lambda: not slave.ha_controller.client.connected, "the slave noticing")
+        # the slave serves the topic its master created after the last sync
+        pull = {"consumerGroup": "cg", "topic": "Late", "queueId": 0, "queueOffset": 0, "maxMsgNums": 32,
+                "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0}
+        r = await call(rclient, slave.address, RC.PULL_MESSAGE, pull)
+        assert r.code == ResponseCode.SUCCESS and r.ext["nextBeginOffset"] == 1, r.remark
         await commit(rclient, slave.address, 0, 2)
         await commit(rclient, slave.address, 1, 3)  # newer than the master's 5, though smaller
         # the master returns on its store: the slave reconnects, merges and hands over what was committed to it

@@ -53,6 +53,8 @@ class HAClient:
         self.housekeeping_interval_s = housekeeping_interval_ms / 1000
         self.reconnect_interval_s = reconnect_interval_ms / 1000
         self.on_master = on_master
+        #: Called when an established connection to the master ends (HA part 2: the slave readies itself to serve).
+        self.on_master_lost: Callable[[], None] | None = None
         #: True while a handshake succeeded and the connection is open (metrics: slave connection state).
         self.connected = False
         self.connected_address = ""
@@ -88,9 +90,12 @@ class HAClient:
                 log_rate_limited(self._errors, addr, int(trio.current_time() * 1000), log.warning,
                                  "ha.master_connection_failed", master=addr, error=str(exc) or type(exc).__name__)
             finally:
+                was_connected = self.connected
                 if self.connected:
                     log.info("ha.master_disconnected", master=addr, max_offset=self.store.commitlog.max_offset)
                 self.connected = False
+                if was_connected and self.on_master_lost is not None:
+                    self.on_master_lost()
             with trio.move_on_after(self.reconnect_interval_s):
                 await self._address_changed.wait()
             self._address_changed = trio.Event()

@@ -71,6 +71,7 @@ FIELD_TYPES: dict[int, dict[str, str]] = {
     RC.INVOKE_BROKER_TO_RESET_OFFSET: _RESET,
     RC.QUERY_DLQ_MESSAGES: {"offset": LONG, "maxNums": INT},
     RC.SKIP_MESSAGE: {"queueId": INT, "queueOffset": LONG},
+    RC.PROMOTE_BROKER: _BROKER,
 }
 
 #: request code -> [(path into the body, Java type)]: numbers inside structured bodies. A path step is a map

@@ -50,6 +50,7 @@ from trimq.protocol.address import format_address, parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.errors import RequestError
+from trimq.protocol.fields import int_field
 from trimq.runtime.client import RemotingClient
 from trimq.runtime.logs import get_logger
 from trimq.runtime.server import Connection
@@ -343,9 +344,7 @@ class HAController:
         name = ext.get("brokerName", self.config.broker_name)
         if name != self.config.broker_name:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"this broker is {self.config.broker_name}, not {name!r}")
-        bid = ext.get("brokerId", self.broker_id)
-        if isinstance(bid, str) and bid.isdigit():
-            bid = int(bid)
+        bid = int_field(ext, "brokerId", self.broker_id)
         if bid != self.broker_id:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"this broker is brokerId {self.broker_id}, not {bid!r}")
         role = ext.get("brokerRole") or ASYNC_MASTER

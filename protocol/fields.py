@@ -192,7 +192,8 @@ def int_field(ext: dict[str, Any], name: str, default: int | None = None, *, bit
                 raise RequestError(ResponseCode.SYSTEM_ERROR,
                                    f"header field {name!r} must be an integer, got {_show(repr(v))}") from None
         else:
-            raise RequestError(ResponseCode.SYSTEM_ERROR, f"header field {name!r} must be an integer, got {_show(repr(v))}")
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"header field {name!r} must be an integer, got {_show(repr(v))}")
     java = _JAVA_OF_BITS[bits]
     lo, hi = JAVA_RANGES[java]
     if not lo <= v <= hi:

@@ -290,6 +290,8 @@ def render_consumer_status(doc: Mapping[str, Any], *, now_ms: int) -> str:
     out: list[str] = []
     for c in doc.get("clients") or []:
         mode = "orderly" if c.get("consumeOrderly") else "concurrently"
+        if c.get("orderScope") == "key":
+            mode = "orderly (key scope)"
         running = "running" if c.get("running") else "stopped"
         out.append(f"client {c.get('clientId')}: {mode}, {c.get('messageModel')}, {running}; "
                    f"in flight {c.get('inFlight')}, dead-lettered {c.get('deadLettered')}, skipped {c.get('skipped')}")
@@ -303,6 +305,13 @@ def render_consumer_status(doc: Mapping[str, Any], *, now_ms: int) -> str:
                          _offset(pq.get("commitOffset")), _queue(row.get("mq")) in locked, pq.get("dropped")])
         out.append(render_table(["QUEUE", "CACHED", "CACHED_OFFSETS", "IN_FLIGHT", "COMMIT_OFFSET", "LOCKED",
                                  "DROPPED"], rows, indent="  "))
+        keys = c.get("blockedKeys") or []
+        if keys:  # key scope (issue 17): one key retries, the other keys of its queue flow
+            out.append(f"  blocked keys: {len(keys)} (each retrying one message; its queue's other keys go on; "
+                       "skip it with 'consumer skip'):")
+            out.append(render_table(["QUEUE", "KEY", "OFFSET", "MSG_ID", "ATTEMPTS", "BLOCKED_FOR"],
+                                    [[_queue(b.get("mq")), b.get("key"), b.get("offset"), b.get("msgId"),
+                                      b.get("attempts"), format_age(b.get("blockedMs"))] for b in keys], indent="  "))
         blocked = c.get("blockedQueues") or []
         if blocked:
             out.append("  blocked queues (retrying one message; skip it with 'consumer skip'):")

@@ -1,6 +1,8 @@
 """``trimq-producer``: send messages from the command line (RocketMQ's ``tools.sh ... Producer``), as fast as
 asked, in per-key order with ``--orderly``, recording every acknowledged message (see
-:mod:`trimq.tools.records` for the body format and the record file).
+:mod:`trimq.tools.records` for the body format and the record file). ``--sharding-key`` gives every message its
+key as RocketMQ 5's sharding key (``__SHARDINGKEY``, what ``order_scope="key"`` consumers keep in order) and routes
+it as ``Producer.send(msg, sharding_key=key)`` does (SelectMessageQueueByHash).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import trio
 from trimq.client.admin import Admin
 from trimq.client.config import ProducerConfig
 from trimq.client.errors import InvalidMessageError
-from trimq.protocol.message import Message
+from trimq.protocol.message import Message, MessageConst
 from trimq.runtime.logs import configure_logging, get_logger
 from trimq.tools.common import (
     CONTEXT,
@@ -58,6 +60,7 @@ class ProducerOptions:
     inflight: int = 64
     queues: int = 0
     progress: bool | None = None
+    sharding_key: bool = False
 
 
 @dataclasses.dataclass
@@ -139,11 +142,12 @@ class LoadProducer:
         o = self.opts
         key = key_name(i % o.keys, o.keys)
         seq = i // o.keys
+        props = {MessageConst.SHARDING_KEY: key} if o.sharding_key else {}
         return key, seq, Message(o.topic, encode_body(key, seq, o.body_size), tags=o.tag, keys=key,
-                                 delay_time_level=o.delay_level)
+                                 delay_time_level=o.delay_level, properties=props)
 
     async def run(self) -> ProducerSummary:
-        from trimq.client.selectors import select_by_hash
+        from trimq.client.selectors import select_by_hash, select_by_java_hash
 
         o = self.opts
         start = trio.current_time()
@@ -155,7 +159,9 @@ class LoadProducer:
                 nursery.start_soon(self._show_progress)
             async with trio.open_nursery() as workers:
                 if o.orderly:
-                    for mq, keys in orderly_key_shares(mqs, o.keys, o.inflight, select_by_hash):
+                    # --sharding-key routes as Producer.send(msg, sharding_key=key): SelectMessageQueueByHash
+                    selector = select_by_java_hash if o.sharding_key else select_by_hash
+                    for mq, keys in orderly_key_shares(mqs, o.keys, o.inflight, selector):
                         workers.start_soon(self._guard, self._orderly_worker, keys, mq)
                 else:
                     for _ in range(o.inflight):
@@ -210,7 +216,9 @@ class LoadProducer:
         while True:
             sent_at = wall_ms()
             try:
-                if len(items) == 1:
+                if len(items) == 1 and self.opts.sharding_key:
+                    result = await self.producer.send(items[0][3], sharding_key=items[0][1])  # picks ``mq``
+                elif len(items) == 1:
                     result = await self.producer.send(items[0][3], message_queue=mq)
                 else:
                     result = await self.producer.send_batch([it[3] for it in items], message_queue=mq)
@@ -238,7 +246,9 @@ class LoadProducer:
             await self._pacer.wait(n)
             sent_at = wall_ms()
             try:
-                if n == 1:
+                if n == 1 and o.sharding_key:
+                    result = await self.producer.send(items[0][3], sharding_key=items[0][1])
+                elif n == 1:
                     result = await self.producer.send(items[0][3])
                 else:
                     result = await self.producer.send_batch([it[3] for it in items])
@@ -333,6 +343,9 @@ async def _producer_session(config: ProducerConfig, opts: ProducerOptions, as_js
               help="Body size in bytes (the JSON header line is never cut).")
 @click.option("--orderly", is_flag=True,
               help="Route by key hash and send each key's messages in sequence (next after the previous ack).")
+@click.option("--sharding-key", is_flag=True,
+              help="Give each message its key as sharding key (__SHARDINGKEY, kept in order by order_scope=key "
+                   "consumers) and route it by SelectMessageQueueByHash of the key (with --orderly too).")
 @click.option("--record", type=click.Path(dir_okay=False), help="Append each acknowledged message as a JSON line.")
 @click.option("--rate", type=click.FloatRange(min=0), default=0, show_default=True,
               help="Messages per second (0 = as fast as possible).")
@@ -354,8 +367,8 @@ async def _producer_session(config: ProducerConfig, opts: ProducerOptions, as_js
 @click.option("--log-format", type=LOG_FORMATS, default="auto", show_default=True)
 @click.option("--log-level", type=LOG_LEVELS, default="warning", show_default=True)
 def main(namesrv_addr: str | None, topic: str, count: int, keys: int, body_size: int, orderly: bool,
-         record: str | None, rate: float, batch: int, inflight: int, tag: str | None, delay_level: int,
-         queues: int, producer_group: str | None, instance_name: str | None, config_file: str | None,
+         sharding_key: bool, record: str | None, rate: float, batch: int, inflight: int, tag: str | None,
+         delay_level: int, queues: int, producer_group: str | None, instance_name: str | None, config_file: str | None,
          progress: bool | None, as_json: bool, log_format: str, log_level: str) -> None:
     """Send COUNT messages to TOPIC and print a summary (exit status 0 when all were acknowledged).
 
@@ -368,9 +381,12 @@ def main(namesrv_addr: str | None, topic: str, count: int, keys: int, body_size:
     })
     if not config.namesrv_addrs:
         fail("trimq-producer", "no name server: pass --namesrv HOST:PORT (or set TRIMQ_CLIENT_NAMESRV_ADDR)")
+    if sharding_key and batch > 1 and not orderly:
+        fail("trimq-producer", "--sharding-key with --batch needs --orderly (a batch goes to one queue; --orderly "
+                               "batches keys of one queue)")
     opts = ProducerOptions(topic=topic, count=count, keys=keys, body_size=body_size, orderly=orderly, record=record,
                            rate=rate, batch=batch, tag=tag, delay_level=delay_level, inflight=inflight, queues=queues,
-                           progress=progress)
+                           progress=progress, sharding_key=sharding_key)
     try:
         from trimq.protocol.validation import InvalidNameError, check_topic
 

@@ -179,6 +179,31 @@ async def test_blocked_key_is_visible_and_a_joining_member_takes_over(broker_fac
             assert seqs == sorted(seqs), (key, seqs)  # a graceful move commits first: nothing replayed
 
 
+async def test_cli_producer_sharding_key(broker_factory: Any) -> None:
+    """``trimq-producer --sharding-key`` (its LoadProducer, in process): each message carries its key as sharding key
+    and sits on the queue SelectMessageQueueByHash gives that key, with --orderly (batched) and without."""
+    from trimq.tools.producer import LoadProducer, ProducerOptions
+
+    async with environment(broker_factory, queues=4) as (broker, _admin, producer):
+        mqs = await producer.message_queues(T)
+        for orderly, batch in ((True, 3), (False, 1)):
+            summary = await LoadProducer(producer, ProducerOptions(topic=T, count=30, keys=7, orderly=orderly,
+                                                                   batch=batch, sharding_key=True)).run()
+            assert summary.sent == 30 and summary.failed == 0
+        stored = 0
+        store = broker.store
+        for mq in mqs:
+            q = mq.queue_id
+            for off in range(store.get_min_offset_in_queue(T, q), store.get_max_offset_in_queue(T, q)):
+                unit = store.find_consume_queue(T, mq.queue_id).get_unit(off)
+                m = store.lookup_message_by_offset(unit[0])
+                assert m is not None
+                key = m.properties[MessageConst.SHARDING_KEY]
+                assert key == m.keys and SelectMessageQueueByHash()(mqs, None, key) == mq
+                stored += 1
+        assert stored == 60
+
+
 def _scrape(registry: CollectorRegistry) -> str:
     from prometheus_client import generate_latest
 

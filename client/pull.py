@@ -262,6 +262,8 @@ class PullService:
         broker_id = 0
         try:
             addr, broker_id = await self._pull_addr(mq)
+            if broker_id != 0:
+                self.stats["from_slave"] += 1  # pulls sent to a slave (its master is away, or suggested it)
             result = await self.client.api.pull_message(
                 addr,
                 consumer_group=self.consumer_group,
@@ -294,8 +296,6 @@ class PullService:
         self._answered += 1  # a response arrived: this task waited for it, no extra checkpoint is needed
         if self.on_pull_rt is not None:
             self.on_pull_rt(mq, trio.current_time() - started)
-        if broker_id != 0:
-            self.stats["from_slave"] += 1
         if result.suggest_which_broker_id != self.pull_from_which_node.get(mq, 0):
             if result.suggest_which_broker_id == 0:
                 self.pull_from_which_node.pop(mq, None)

@@ -725,6 +725,9 @@ class Admin:
         live = info.get("brokerLiveTable") or {}
         topics = info.get("brokerTopicTable") or {}
         table = info.get("brokerAddrTable") or {}
+        # HA roles and replication lag (issue 15): each broker's runtime info, asked concurrently
+        addrs = {str(a): str(a) for bd in table.values() for a in ((bd or {}).get("brokerAddrs") or {}).values()}
+        runtime = await _each(addrs, lambda a, _: self.api.get_broker_runtime_info(a, timeout_ms=self.timeout_ms))
         clusters = []
         for cluster, names in sorted((info.get("clusterAddrTable") or {}).items()):
             brokers = []
@@ -732,8 +735,15 @@ class Admin:
                 for bid, addr in sorted(((table.get(name) or {}).get("brokerAddrs") or {}).items(),
                                         key=lambda kv: int(kv[0])):
                     li = live.get(addr) or {}
-                    brokers.append(ClusterBroker(name, int(bid), addr, li.get("lastUpdateTimestamp"), li.get("ageMs"),
-                                                 len(topics.get(name) or []), list(topics.get(name) or [])))
+                    rt = runtime.get(str(addr))
+                    ha = (rt.get("ha") if isinstance(rt, dict) else None) or {}
+                    brokers.append(ClusterBroker(
+                        name, int(bid), addr, li.get("lastUpdateTimestamp"), li.get("ageMs"),
+                        len(topics.get(name) or []), list(topics.get(name) or []),
+                        role=ha.get("brokerRole"), master_epoch=ha.get("masterEpoch", li.get("masterEpoch")),
+                        lag_bytes=ha.get("lagBytes"), lag_seconds=ha.get("lagSeconds"), slaves=ha.get("slaves"),
+                        master_connected=ha.get("masterConnected"),
+                        error=str(rt) if isinstance(rt, Exception) else None))
             clusters.append(ClusterEntry(cluster, brokers))
         return ClusterList(clusters)
 

@@ -233,6 +233,16 @@ class ClusterBroker:
     age_ms: int | None
     topic_count: int
     topics: list[str]
+    #: HA (issue 15), from the broker's runtime info: ASYNC_MASTER / SYNC_MASTER / SLAVE (None: it did not answer)
+    role: str | None = None
+    master_epoch: int | None = None
+    #: A master: how far its best slave is behind (bytes, seconds) and how many slaves follow it.
+    lag_bytes: int | None = None
+    lag_seconds: float | None = None
+    slaves: int | None = None
+    #: A slave: whether it is connected to its master now.
+    master_connected: bool | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -448,8 +448,27 @@ def render_cluster_list(doc: Mapping[str, Any], *, now_ms: int, tz: _dt.tzinfo |
             age = b.get("ageMs")
             seen = f"{format_timestamp(last, tz=tz)} ({format_age(age)} ago)" if last else None
             rows.append([c.get("cluster"), b.get("brokerName"), b.get("brokerId"), b.get("brokerAddr"),
-                         b.get("topicCount"), seen])
+                         _ha_role(b), b.get("masterEpoch"), _ha_lag(b), b.get("topicCount"), seen])
             if b.get("brokerId") == 0:
                 topic_lines.append(f"topics of {b.get('brokerName')}: {', '.join(b.get('topics') or []) or '-'}")
-    table = render_table(["CLUSTER", "BROKER", "ID", "ADDRESS", "TOPICS", "LAST_REGISTERED"], rows)
+    table = render_table(["CLUSTER", "BROKER", "ID", "ADDRESS", "ROLE", "EPOCH", "REPLICATION", "TOPICS",
+                          "LAST_REGISTERED"], rows)
     return "\n".join([table, *topic_lines])
+
+
+def _ha_role(b: Mapping[str, Any]) -> str | None:
+    if b.get("error"):
+        return "unreachable"
+    return b.get("role")
+
+
+def _ha_lag(b: Mapping[str, Any]) -> str | None:
+    """HA (issue 15): a master's replication lag (its best slave), a slave's link to its master."""
+    if b.get("role") == "SLAVE":
+        return "following" if b.get("masterConnected") else "master unreachable"
+    slaves = b.get("slaves")
+    if slaves is None:
+        return None
+    if not slaves:
+        return "no slave"
+    return f"{slaves} slave(s), lag {b.get('lagBytes')} B / {b.get('lagSeconds')} s"

@@ -159,6 +159,7 @@ def test_cluster_list(addr: str) -> None:
     (broker,) = cluster["brokers"]
     assert cluster["cluster"] == "DefaultCluster"
     assert broker["brokerName"] == BROKER_NAME and broker["brokerId"] == 0 and broker["brokerAddr"] == addr
+    assert broker["role"] == "ASYNC_MASTER" and broker["masterEpoch"] == 1 and broker["slaves"] == 0  # HA
     assert "AdmCluster" in broker["topics"] and broker["topicCount"] == len(broker["topics"])
     assert 0 <= broker["ageMs"] < 120_000
     assert abs(broker["lastUpdateTimestamp"] + broker["ageMs"] - time.time() * 1000) < 60_000

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -144,4 +145,38 @@ async def test_consumers_read_from_the_slave_after_the_master_is_sigkilled(procs
         await until(merged, "the returned master to have the offsets committed to the slave")
         r = await rc.invoke(slave.address, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {}), 5)
         assert r.code == ResponseCode.SUCCESS and r.body["ha"]["masterConnected"]
+    assert master.terminate() == 0 and slave.terminate() == 0
+
+
+def admin(ns: str, *args: str, json_out: bool = True) -> Any:
+    """``trimq-admin --namesrv NS [--json] ARGS``: the parsed JSON (or the text) of a successful run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")}
+    done = subprocess.run([tool("trimq-admin"), "--namesrv", ns, *(["--json"] if json_out else []), *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout) if json_out else done.stdout
+
+
+def roles(ns: str) -> dict[int, tuple[str, int, str | None]]:
+    """brokerId -> (role, master epoch, address) of broker-a, from ``trimq-admin cluster list``."""
+    (cluster,) = admin(ns, "cluster", "list")["clusters"]
+    return {b["brokerId"]: (b["role"], b["masterEpoch"], b["brokerAddr"]) for b in cluster["brokers"]}
+
+
+def test_cli_promotes_a_slave_and_the_old_master_is_demoted(procs: Procs, tmp_path: Path) -> None:
+    ns = start_namesrv(procs)
+    master = start_broker(procs, "master", tmp_path / "master", ns, register_broker_interval_ms=1000)
+    slave = start_broker(procs, "slave", tmp_path / "slave", ns, "--role", "slave", "--broker-id", "1")
+    deadline = time.monotonic() + 20
+    while roles(ns) != {0: ("ASYNC_MASTER", 1, master.address), 1: ("SLAVE", 1, slave.address)}:
+        assert time.monotonic() < deadline, roles(ns)
+        time.sleep(0.1)
+    text = admin(ns, "cluster", "list", json_out=False)
+    assert "following" in text or "1 slave(s)" in text, text
+    out = admin(ns, "broker", "promote", "--broker-name", "broker-a", "--broker-id", "1", json_out=False)
+    assert f"at {slave.address} is now ASYNC_MASTER: master epoch 2" in out, out
+    # the old master's next registration (1 s) learns of the newer master: it becomes its slave
+    while roles(ns) != {0: ("ASYNC_MASTER", 2, slave.address), 1: ("SLAVE", 2, master.address)}:
+        assert time.monotonic() < deadline + 20, roles(ns)
+        time.sleep(0.1)
     assert master.terminate() == 0 and slave.terminate() == 0

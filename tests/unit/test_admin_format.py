@@ -184,9 +184,20 @@ def test_render_reset_and_cluster_and_skip() -> None:
         {"brokerName": "b", "brokerId": 0, "brokerAddr": "127.0.0.1:1", "lastUpdateTimestamp": NOW, "ageMs": 4100,
          "topicCount": 2, "topics": ["A", "B"]}]}]}
     assert fmt.render_cluster_list(cluster, now_ms=NOW, tz=UTC).splitlines() == [
-        "CLUSTER  BROKER  ID  ADDRESS      TOPICS  LAST_REGISTERED",
-        "c        b        0  127.0.0.1:1       2  2024-05-01 12:00:00.000 (4.1s ago)",
+        "CLUSTER  BROKER  ID  ADDRESS      ROLE  EPOCH  REPLICATION  TOPICS  LAST_REGISTERED",
+        "c        b        0  127.0.0.1:1     -      -            -       2  2024-05-01 12:00:00.000 (4.1s ago)",
         "topics of b: A, B"]
+    # HA (issue 15): roles, epochs, a master's lag, a slave's link
+    pair = {"clusters": [{"cluster": "c", "brokers": [
+        {"brokerName": "b", "brokerId": 0, "brokerAddr": "m:1", "role": "SYNC_MASTER", "masterEpoch": 2,
+         "slaves": 1, "lagBytes": 512, "lagSeconds": 0.25, "topics": []},
+        {"brokerName": "b", "brokerId": 1, "brokerAddr": "s:1", "role": "SLAVE", "masterEpoch": 2,
+         "masterConnected": False, "topics": []},
+        {"brokerName": "d", "brokerId": 0, "brokerAddr": "d:1", "error": "refused", "topics": []}]}]}
+    rows = [line.split("  ") for line in fmt.render_cluster_list(pair, now_ms=NOW, tz=UTC).splitlines()[1:4]]
+    assert [[c.strip() for c in r if c.strip()][4:7] for r in rows] == [
+        ["SYNC_MASTER", "2", "1 slave(s), lag 512 B / 0.25 s"], ["SLAVE", "2", "master unreachable"],
+        ["unreachable", "-", "-"]]
     skip = {"mq": {"topic": "T", "brokerName": "b", "queueId": 1}, "queueOffset": 5, "msgId": "AB",
             "reconsumeTimes": 6, "clientId": "c1", "deadLetterTopic": "%DLQ%g", "nextOffset": None}
     assert fmt.render_consumer_skip(skip).endswith("later messages were already cached")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A trimq cluster on loopback for development: a name server, two brokers (broker-a, broker-b) and N
+# A trimq cluster on loopback for development: a name server, two brokers (broker-a, broker-b), each with a
+# slave when TRIMQ_CLUSTER_SLAVES=1 (master/slave pairs, docs/OPERATIONS.md "High availability"), and N
 # consumers of one group (trimq-consumer), on free ports, with everything under a state directory.
 #
 #   deploy/local-cluster.sh up [N]    start them (N consumers, default 2); prints the addresses
@@ -16,6 +17,9 @@
 #   TRIMQ_CLUSTER_GROUP         their consumer group (default cluster_group)
 #   TRIMQ_CLUSTER_QUEUES        create the topic with this many queues per broker first (default 4; 0 = don't)
 #   TRIMQ_CLUSTER_ORDERLY       1 = orderly consumers (queue locks)
+#   TRIMQ_CLUSTER_SLAVES        1 = a slave for each broker (broker-a-s, broker-b-s: brokerId 1, same broker name,
+#                               learning its master from the name server)
+#   TRIMQ_CLUSTER_MASTER_ROLE   async_master (default) or sync_master: the masters' role when there are slaves
 #   TRIMQ_CLUSTER_START_TIMEOUT seconds to wait for each daemon to serve (default 30)
 #   TRIMQ_CLUSTER_STOP_TIMEOUT  seconds to wait for each process after SIGTERM before SIGKILL (default 30)
 #   TRIMQ_BROKER_*, TRIMQ_NAMESRV_*, TRIMQ_CLIENT_*  any setting (docs/CONFIGURATION.md) of the brokers, the
@@ -157,9 +161,22 @@ cmd_up() {
         metrics=$(free_port)
         pid=$(launch "broker-$b" "$STATE/logs/broker-$b.log" "$BIN/trimq-broker" --listen 127.0.0.1:0 \
             --store "$store" --broker-name "broker-$b" --namesrv "$ns_addr" --metrics-port "$metrics" \
-            --log-format json --log-level info)
+            --role "${TRIMQ_CLUSTER_MASTER_ROLE:-async_master}" --log-format json --log-level info)
         wait_for "broker-$b" "$pid" test -s "$store/broker.addr"
         echo "broker-$b $(cat "$store/broker.addr") metrics=127.0.0.1:$metrics store=$store" >> "$ADDRS"
+        if [[ "${TRIMQ_CLUSTER_SLAVES:-0}" == 1 ]]; then
+            # Its slave: same broker name, brokerId 1; it learns its master's HA address from the name server.
+            store=$STATE/broker-$b-s
+            mkdir -p "$store"
+            rm -f "$store/broker.addr"
+            metrics=$(free_port)
+            pid=$(launch "broker-$b-s" "$STATE/logs/broker-$b-s.log" "$BIN/trimq-broker" --listen 127.0.0.1:0 \
+                --store "$store" --broker-name "broker-$b" --namesrv "$ns_addr" --role slave --broker-id 1 \
+                --metrics-port "$metrics" --log-format json --log-level info)
+            wait_for "broker-$b-s" "$pid" test -s "$store/broker.addr"
+            echo "broker-$b-s $(cat "$store/broker.addr") metrics=127.0.0.1:$metrics store=$store slave-of=broker-$b" \
+                >> "$ADDRS"
+        fi
     done
 
     if [[ "$QUEUES" != 0 && -x "$BIN/trimq-producer" ]]; then
@@ -185,7 +202,9 @@ cmd_up() {
         wait_for "$name" "$pid" grep -qE '"(consumer.cli_started|push_consumer.started)"' "$STATE/logs/$name.log"
     done < "$PIDS"
     trap - EXIT INT TERM
-    say "up: name server, 2 brokers, $consumers consumers (state in $STATE)"
+    local pairs=""
+    [[ "${TRIMQ_CLUSTER_SLAVES:-0}" == 1 ]] && pairs=" with a slave each"
+    say "up: name server, 2 brokers$pairs, $consumers consumers (state in $STATE)"
     cat "$ADDRS"
     say "send messages: $BIN/trimq-producer --namesrv $ns_addr --topic $TOPIC --count 1000"
 }

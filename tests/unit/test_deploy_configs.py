@@ -97,6 +97,13 @@ def test_deploy_examples_exist() -> None:
     b = load_section(DEPLOY / "config" / "cluster-broker-b.toml", "broker")
     assert a.broker_name != b.broker_name and a.cluster_name == b.cluster_name
     assert a.namesrv_addr == b.namesrv_addr
+    # 2 masters, 2 slaves (issue 15): each slave has its master's name, broker id 1 and its HA address
+    for master, name in ((a, "a"), (b, "b")):
+        slave = load_section(DEPLOY / "config" / f"cluster-broker-{name}-s.toml", "broker")
+        assert (master.broker_role, master.broker_id, slave.broker_role, slave.broker_id) == (
+            "SYNC_MASTER", 0, "SLAVE", 1)
+        assert slave.broker_name == master.broker_name and slave.cluster_name == master.cluster_name
+        assert slave.ha_master_address == f"{master.broker_ip}:{master.ha_listen_port}"
     single = DEPLOY / "config" / "single.toml"
     ns = load_section(single, "namesrv")
     assert load_section(single, "broker").namesrv_addr == ns.listen

@@ -23,6 +23,11 @@ How the two loops meet (the bridge):
   coroutine on the host loop (in a copy of the context of the asyncio task that entered the client, so
   contextvars and ``sniffio`` say asyncio) and waits on a :class:`trio.Event` that the asyncio task's done
   callback sets. Setting an Event from the host thread is allowed in guest mode; trio wakes up for it.
+* **Eager start.** Waking trio from asyncio costs a round trip through trio's I/O thread (tens of microseconds
+  of CPU), once per batch of completions. So the task's first step runs at once, inside the trio step that
+  created it (as Python 3.12's eager tasks do, with the task as ``asyncio.current_task()`` and sniffio saying
+  asyncio): a listener that finishes without suspending - most of them, per message - returns to trio with no
+  round trip at all; one that awaits I/O carries on as an ordinary task of the host loop.
 * Plain ``def`` listeners run in worker threads, as under trio.
 
 Leaving the ``async with`` block (normally, by an exception or because the owning asyncio task is cancelled)
@@ -40,12 +45,13 @@ import contextvars
 import functools
 import inspect
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import outcome
+import sniffio
 import trio
 
 from trimq.client.consume.common import is_async_callable
@@ -58,6 +64,7 @@ __all__ = [
     "HostStoppedError",
     "asyncio_native",
     "current_host",
+    "in_trio",
     "run_trio",
     "trio_context",
     "trio_native",
@@ -72,6 +79,11 @@ C = TypeVar("C", bound=type)
 #: its own cancellation before it lets go of it. Well-behaved coroutines unwind at once.
 ASYNCIO_CANCEL_GRACE_S = 5.0
 
+# asyncio's own helpers for "this task is running now" (what 3.12's eager tasks use); without them (another
+# Python), asyncio listeners start as ordinary tasks.
+_enter_task = getattr(asyncio.tasks, "_enter_task", None)
+_leave_task = getattr(asyncio.tasks, "_leave_task", None)
+
 _HOSTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GuestHost] = weakref.WeakKeyDictionary()
 _OWNER: weakref.WeakKeyDictionary[Any, GuestHost] = weakref.WeakKeyDictionary()
 
@@ -82,6 +94,13 @@ class HostStoppedError(ClientClosedError):
 
 class AsyncioTaskCancelledError(RuntimeError):
     """An asyncio listener's task was cancelled by someone other than trimq (counts as a failed call)."""
+
+
+def in_trio() -> bool:
+    """True in trio code: a ``trio.run`` (any thread) or a step of a guest run. False in asyncio code, including
+    an asyncio listener's first step that trimq runs from inside a trio step. (trio marks its code for sniffio
+    with this thread-local; trio.lowlevel.in_trio_task() would also be true inside such a first step.)"""
+    return sniffio.thread_local.name == "trio"
 
 
 @dataclass(eq=False)
@@ -118,6 +137,68 @@ async def _uncancellable(fut: asyncio.Future[T]) -> T:
         fut.exception()  # retrieved: the cancellation below is what the caller gets
         raise asyncio.CancelledError
     return fut.result()
+
+
+_NOT_STARTED, _SUSPENDED, _RETURNED, _RAISED, _HANDED_OVER = range(5)
+
+
+class _EagerStart(Coroutine[Any, Any, Any]):
+    """An asyncio task's coroutine whose first step already ran (:meth:`first_step`, inside a trio step).
+
+    The task created for it runs its own steps afterwards: its first ``send`` gives the task what the first step
+    yielded (the future the coroutine waits on) and later ones go to the coroutine, so the task carries on
+    exactly where the first step stopped. When the first step finished the coroutine, the outcome is taken from
+    here (:attr:`state`, :attr:`value`) and the task just ends (result None)."""
+
+    __slots__ = ("coro", "state", "value")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro = coro
+        self.state = _NOT_STARTED
+        self.value: Any = None
+
+    def first_step(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any],
+                   context: contextvars.Context) -> None:
+        assert _enter_task is not None and _leave_task is not None
+        library, sniffio.thread_local.name = sniffio.thread_local.name, None
+        _enter_task(loop, task)
+        try:
+            self.value = context.run(self.coro.send, None)
+            self.state = _SUSPENDED
+        except StopIteration as stop:
+            self.state, self.value = _RETURNED, stop.value
+        except BaseException as exc:
+            self.state, self.value = _RAISED, exc
+        finally:
+            _leave_task(loop, task)
+            sniffio.thread_local.name = library
+
+    def send(self, value: Any) -> Any:
+        state = self.state
+        if state == _HANDED_OVER:
+            return self.coro.send(value)
+        self.state = _HANDED_OVER
+        if state == _SUSPENDED:
+            return self.value  # the task now waits for what the first step waited for
+        if state == _NOT_STARTED:
+            return self.coro.send(value)
+        raise StopIteration(None)  # finished in the first step: the outcome went to trio directly
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        exc = typ if val is None else val
+        state = self.state
+        self.state = _HANDED_OVER
+        if state in (_RETURNED, _RAISED):
+            raise exc
+        return self.coro.throw(exc)
+
+    def close(self) -> None:
+        if self.state in (_RETURNED, _RAISED):
+            return
+        self.coro.close()
+
+    def __await__(self) -> Generator[Any, None, Any]:  # pragma: no cover - asyncio drives it with send/throw
+        raise TypeError("not awaitable: an asyncio task drives it")
 
 
 class GuestHost:
@@ -271,11 +352,28 @@ class GuestHost:
         callable) on the host loop and return its result or raise its exception. The coroutine runs as an
         asyncio task in a copy of ``context``. Cancelling the trio side cancels the asyncio task and waits for
         it (up to :data:`ASYNCIO_CANCEL_GRACE_S`)."""
-        value = fn(*args)
+        ctx = context.copy()
+        library, sniffio.thread_local.name = sniffio.thread_local.name, None
+        try:
+            value = ctx.run(fn, *args)  # a plain function runs here, as asyncio code would call it
+        finally:
+            sniffio.thread_local.name = library
         if not inspect.isawaitable(value):
             return value
         coro: Coroutine[Any, Any, Any] = value if inspect.iscoroutine(value) else _await(value)
-        task = self.loop.create_task(coro, context=context.copy())
+        if _enter_task is None or asyncio.current_task(self.loop) is not None:
+            task = self.loop.create_task(coro, context=ctx)  # (trio steps of a guest run are callbacks, no task)
+        else:
+            eager = _EagerStart(coro)
+            task = self.loop.create_task(eager, context=ctx)
+            eager.first_step(self.loop, task, ctx)
+            if eager.state == _RETURNED:
+                return eager.value
+            if eager.state == _RAISED:
+                error = eager.value
+                if isinstance(error, asyncio.CancelledError):
+                    raise AsyncioTaskCancelledError(f"{fn!r} raised CancelledError") from error
+                raise error
         done = trio.Event()
         task.add_done_callback(lambda _t: done.set())
         try:
@@ -403,13 +501,13 @@ def asyncio_native(*methods: str, idle_ok: tuple[str, ...] = ()) -> Callable[[C]
 
         @functools.wraps(aenter)
         def __aenter__(self: Any) -> Awaitable[Any]:
-            if trio.lowlevel.in_trio_task():
+            if in_trio():
                 return aenter(self)  # type: ignore[no-any-return]
             return _asyncio_enter(self, aenter)
 
         @functools.wraps(aexit)
         def __aexit__(self: Any, *exc_info: Any) -> Awaitable[Any]:
-            if trio.lowlevel.in_trio_task():
+            if in_trio():
                 return aexit(self, *exc_info)  # type: ignore[no-any-return]
             return _asyncio_exit(self)
 
@@ -424,7 +522,7 @@ def asyncio_native(*methods: str, idle_ok: tuple[str, ...] = ()) -> Callable[[C]
 def _dual(fn: Callable[..., Awaitable[T]], name: str, idle_ok: bool) -> Callable[..., Awaitable[T | None]]:
     @functools.wraps(fn)
     def method(self: Any, *args: Any, **kwargs: Any) -> Awaitable[T | None]:
-        if trio.lowlevel.in_trio_task():
+        if in_trio():
             return fn(self, *args, **kwargs)
         return _asyncio_call(self, fn, name, idle_ok, args, kwargs)
 
@@ -437,7 +535,7 @@ def _dual(fn: Callable[..., Awaitable[T]], name: str, idle_ok: bool) -> Callable
 async def trio_context(cm: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
     """From asyncio: ``async with trio_context(open_broker()) as cluster:`` enters a trio async context manager
     in the loop's guest run and yields what it yields; call its trio methods with :func:`run_trio`."""
-    if trio.lowlevel.in_trio_task():
+    if in_trio():
         async with cm as value:
             yield value
         return
@@ -456,7 +554,7 @@ async def trio_context(cm: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
 async def run_trio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     """From asyncio: ``await run_trio(admin.ensure_topic, "Orders", 4)`` runs a trio coroutine function in the
     loop's guest run (started for the call if no client holds it). In a trio task it is just awaited."""
-    if trio.lowlevel.in_trio_task():
+    if in_trio():
         return await fn(*args, **kwargs)
     _running_loop("run_trio()")
     host = await current_host()

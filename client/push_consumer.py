@@ -442,7 +442,13 @@ class PushConsumer:
 
     async def _start(self, stack: AsyncExitStack) -> None:
         if self._given_instance is None:
-            self.instance = await stack.enter_async_context(ClientInstance(self.config))
+            # The instance (its connections, timers and lease renewals) runs in a task of its own, shielded once
+            # started: when the scope owning the consumer is cancelled, the graceful leave (persist offsets,
+            # unlock, unregister) still has its transport. It is released after the leave (stack order).
+            release = trio.Event()
+            holder = await stack.enter_async_context(trio.open_nursery())
+            self.instance = await holder.start(_hold_shielded, ClientInstance(self.config), release)
+            stack.callback(release.set)
         instance = self.instance
         assert instance is not None and self._listener is not None
         cls: type[ConsumeService] = ConsumeMessageConcurrentlyService
@@ -531,6 +537,7 @@ class PushConsumer:
                     core.stop_pulling()
                     if self._stream is not None:
                         self._stream.close()  # messages not handed out yet are given up, the iteration ends
+                        await self._stream.returned()  # acks given before the shutdown are committed
                     service.stop()
                     clean = await service.drain()
                     with trio.move_on_after(self.shutdown_timeout_s) as scope:
@@ -679,6 +686,16 @@ class PushConsumer:
                 blocked_keys=blocked_keys.get(mq, 0) if blocked_keys is not None else None,
             ))
         return queues, dict(core.pull_service.stats), service.stats.dead_lettered
+
+
+async def _hold_shielded(cm: Any, release: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """``async with cm`` until ``release`` is set, shielded from outside cancellation once entered (entering may
+    still be cancelled)."""
+    with trio.CancelScope() as scope:
+        async with cm as value:
+            scope.shield = True
+            task_status.started(value)
+            await release.wait()
 
 
 # --- handlers of broker -> client requests (docs/PROTOCOL.md) -------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any
 
 import trio
 
+from trimq.client.aio import in_trio
 from trimq.client.consume.common import (
     ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus,
@@ -53,12 +54,13 @@ _PENDING, _ACKED, _NACKED, _EXPIRED = "pending", "acked", "nacked", "expired"
 class _Batch:
     """The messages of one listener call and the event set when all of them are settled."""
 
-    __slots__ = ("done", "outcomes", "unsettled")
+    __slots__ = ("done", "on_done", "outcomes", "unsettled")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, on_done: Callable[[], None]) -> None:
         self.outcomes = [_PENDING] * size
         self.unsettled = size
         self.done = trio.Event()
+        self.on_done = on_done
 
     def settle(self, index: int, outcome: str) -> bool:
         if self.outcomes[index] != _PENDING:
@@ -67,6 +69,7 @@ class _Batch:
         self.unsettled -= 1
         if self.unsettled == 0:
             self.done.set()  # from trio, or from asyncio code in the host thread of a guest run (allowed)
+            self.on_done()
         return True
 
     def expire(self) -> None:
@@ -196,12 +199,14 @@ class MessageStream:
         self._queue: deque[ReceivedMessage] = deque()
         self._waiters: list[Callable[[], None]] = []
         self._closed = False
+        self._returning = 0
+        """Listener calls whose messages are all settled but which have not returned yet."""
 
     # --- the listener side (trio) -------------------------------------------------------------------------
 
     async def __call__(self, msgs: list[MessageExt],
                        context: ConsumeOrderlyContext | ConsumeConcurrentlyContext) -> Any:
-        batch = _Batch(len(msgs))
+        batch = _Batch(len(msgs), self._batch_done)
         if self._closed:
             return self._status(batch, context)
         received = [ReceivedMessage(m, context, batch, i) for i, m in enumerate(msgs)]
@@ -210,6 +215,8 @@ class MessageStream:
         try:
             await batch.done.wait()
         finally:
+            if batch.done.is_set():
+                self._returning -= 1
             if batch.unsettled:  # cancelled (a sealed shutdown): whatever is left is not ours to commit
                 batch.expire()
                 for r in received:
@@ -229,6 +236,16 @@ class MessageStream:
             return ConsumeConcurrentlyStatus.RECONSUME_LATER
         context.ack_index = failed - 1  # the ones before the first failure are consumed
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    def _batch_done(self) -> None:
+        self._returning += 1
+
+    async def returned(self, timeout_s: float = 1.0) -> None:
+        """Wait (up to ``timeout_s``) until every listener call whose messages are all settled has returned: a
+        shutdown calls it so that acks given before it are committed rather than dropped by the seal."""
+        with trio.move_on_after(timeout_s):
+            while self._returning:
+                await trio.sleep(0)
 
     def close(self) -> None:
         """End the iteration (the consumer is shutting down): messages not handed out yet are given up (their
@@ -261,7 +278,7 @@ class MessageStream:
             await self._wait()
 
     async def _wait(self) -> None:
-        if trio.lowlevel.in_trio_task():
+        if in_trio():
             event = trio.Event()
             self._waiters.append(event.set)
             await event.wait()

@@ -14,8 +14,13 @@ and stop gracefully when it ends. Nothing is mocked: clients talk to them over T
             await cluster.create_topic("Orders", queues=4)
             async with Producer(cluster.producer_config()) as producer:
                 await producer.send(Message("Orders", b"hello"))
+
+Code that is not trio (asyncio services, threads) runs the same daemons in a background thread with
+:func:`broker_in_thread` / :func:`cluster_in_thread`; the pytest plugin (trimq.testing.pytest_plugin) makes them
+the ``trimq_broker`` / ``trimq_cluster`` fixtures.
 """
 
 from trimq.testing.cluster import Cluster, open_broker, open_cluster
+from trimq.testing.threaded import ThreadedCluster, broker_in_thread, cluster_in_thread
 
-__all__ = ["Cluster", "open_broker", "open_cluster"]
+__all__ = ["Cluster", "ThreadedCluster", "broker_in_thread", "cluster_in_thread", "open_broker", "open_cluster"]

@@ -2,7 +2,9 @@
 asked, in per-key order with ``--orderly``, recording every acknowledged message (see
 :mod:`trimq.tools.records` for the body format and the record file). ``--sharding-key`` gives every message its
 key as RocketMQ 5's sharding key (``__SHARDINGKEY``, what ``order_scope="key"`` consumers keep in order) and routes
-it as ``Producer.send(msg, sharding_key=key)`` does (SelectMessageQueueByHash).
+it as ``Producer.send(msg, sharding_key=key)`` does (SelectMessageQueueByHash); with ``--orderly`` the queue is
+hashed once over the topic's queues at the start and kept, as ``--orderly`` always does, so a key does not move
+while its broker is down.
 """
 
 from __future__ import annotations
@@ -216,9 +218,11 @@ class LoadProducer:
         while True:
             sent_at = wall_ms()
             try:
-                if len(items) == 1 and self.opts.sharding_key:
-                    result = await self.producer.send(items[0][3], sharding_key=items[0][1])  # picks ``mq``
-                elif len(items) == 1:
+                if len(items) == 1:
+                    # ``mq`` even with --sharding-key (the message carries the key, and ``mq`` is its hash's queue):
+                    # send(msg, sharding_key=) would hash over the route of the moment, which loses a down broker's
+                    # queues, and so move the key to another queue while its own broker is away (found by the chaos
+                    # suite)
                     result = await self.producer.send(items[0][3], message_queue=mq)
                 else:
                     result = await self.producer.send_batch([it[3] for it in items], message_queue=mq)

@@ -3,7 +3,8 @@
 Processes (every one started through its command-line tool, logs under the work directory): one
 ``trimq-namesrv``; two brokers ``broker-a`` and ``broker-b`` (``--flush sync``); a topic with
 ``queues_per_broker`` queues on each; three orderly consumers ``c1``..``c3`` of one group (``--orderly
---record``); one orderly producer (``--orderly --record --rate``).
+--record``), ``c3`` with ``order_scope="key"`` (issue 17: a queue's keys in parallel, through a handler that takes
+0-20 ms) and the others in queue scope; one orderly producer (``--orderly --sharding-key --record --rate``).
 
 The schedule (:func:`make_schedule`, a pure function of the seed and :class:`ChaosSettings`) is a sequence
 of events, each followed by ``settle_s`` of calm:
@@ -69,6 +70,9 @@ TOPIC = "ChaosOrders"
 GROUP = "chaos_orderly"
 BROKERS = ("broker-a", "broker-b")
 SLOTS = ("c1", "c2", "c3")
+KEY_SCOPE_SLOT = "c3"
+"""The slot whose consumers run with ``order_scope="key"`` (the checker judges the queues they consumed per key)."""
+REPO = Path(__file__).resolve().parents[2]
 
 #: Broker settings (``TRIMQ_BROKER_*``): queue locks are the default 2 s leases (issue 14; an orderly member leaves
 #: with its lease); a silent client leaves after 2 s (it heartbeats every 0.5 s) instead of 120 s, looked for
@@ -93,6 +97,8 @@ CONSUMER_SETTINGS: dict[str, Any] = {
     "unlock_delay_time_mills": 0,
 }
 PRODUCER_SETTINGS: dict[str, Any] = {"poll_name_server_interval": 1000}
+#: The key-scope slot's settings on top of CONSUMER_SETTINGS.
+KEY_SCOPE_SETTINGS: dict[str, Any] = {"order_scope": "key", "max_in_flight_keys": 16}
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,8 @@ class ChaosResult:
     problems: list[str] = field(default_factory=list)  # harness-level failures (timeouts, crashes)
     wall_s: float = 0.0
     workdir: str = ""
+    key_scope_clients: list[str] = field(default_factory=list)
+    key_scope_records: int = 0  # records of the key-scope slot's consumers
 
     @property
     def ok(self) -> bool:
@@ -213,6 +221,8 @@ class ChaosResult:
                      f"{s.get('elapsed_s')} s")
         lines.append(f"offset samples: {self.offset_samples}; fenced offset updates (brokers' counters): "
                      f"{self.fenced_updates}")
+        lines.append(f"key scope ({KEY_SCOPE_SLOT}): {self.key_scope_records} records by {len(self.key_scope_clients)} "
+                     f"consumer(s), their queues judged per key")
         for b, vals in self.broker_recovery_ms.items():
             lines.append(f"broker {b} SIGKILL -> first consumption on each of its queues: "
                          f"{', '.join('-' if v is None else f'{v} ms' for v in vals)}")
@@ -396,11 +406,17 @@ class _Cluster:
         name = f"{slot}.{n}"
         record = self.workdir / f"{name}.jsonl"
         self.consumer_files.append(record)
-        p = self.start(name, [
+        argv = [
             str(BIN / "trimq-consumer"), "--namesrv", self.namesrv, "--group", GROUP, "--topic", TOPIC, "--orderly",
             "--from", "first", "--record", str(record), "--instance-name", name, "--log-format", "json",
             "--log-level", "info",
-        ], _env(CONSUMER_SETTINGS, "TRIMQ_CLIENT_"))
+        ]
+        env = _env(CONSUMER_SETTINGS, "TRIMQ_CLIENT_")
+        if slot == KEY_SCOPE_SLOT:
+            argv += ["--handler", "tests.chaos.handlers:jitter"]
+            env.update(_env(KEY_SCOPE_SETTINGS, "TRIMQ_CLIENT_"))
+            env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
+        p = self.start(name, argv, env)
         self.consumers[slot] = p
         self.all_consumers.append(p)
         return p
@@ -477,7 +493,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
         count = int(settings.rate * traffic_s)
         producer = cluster.start("producer", [
             str(BIN / "trimq-producer"), "--namesrv", cluster.namesrv, "--topic", TOPIC, "--count", str(count),
-            "--keys", str(settings.keys), "--orderly", "--rate", str(settings.rate), "--inflight",
+            "--keys", str(settings.keys), "--orderly", "--sharding-key", "--rate", str(settings.rate), "--inflight",
             str(settings.inflight), "--record", str(prod_rec), "--json", "--log-format", "json",
         ], _env(PRODUCER_SETTINGS, "TRIMQ_CLIENT_"))
         t0 = time.monotonic()
@@ -583,8 +599,11 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
                 sampler.stop()
         _dump(wd, events, stops, pauses, crashes, sampler)
 
+    key_scope = [str(ev["client_id"]) for p in cluster.all_consumers if p.name.startswith(KEY_SCOPE_SLOT + ".")
+                 if (ev := p.log_event("consumer.cli_started")) is not None]
     report = check([prod_rec], cluster.consumer_files, stops=stops, pauses=pauses, broker_crashes=crashes,
-                   committed_samples=sampler.samples if sampler else None, topic=TOPIC, lease_ms=LEASE_MS)
+                   committed_samples=sampler.samples if sampler else None, topic=TOPIC, lease_ms=LEASE_MS,
+                   key_scope_clients=key_scope)
     result = ChaosResult(seed, events, report, produced=report.produced, producer_status=producer_status,
                          producer_summary=summary, problems=problems, wall_s=time.monotonic() - t_begin,
                          workdir=str(wd))
@@ -592,6 +611,9 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
         result.fenced_updates = sum(sampler.fenced.values())
         result.offset_samples = sum(len(v) for v in sampler.samples.values())
     result.broker_recovery_ms = _recovery_times(cluster.consumer_files, crashes, settings)
+    result.key_scope_clients = key_scope
+    result.key_scope_records = sum(1 for recs in read_records(cluster.consumer_files) for r in recs
+                                   if r["client_id"] in set(key_scope))
     if own_dir and result.ok and not os.environ.get("TRIMQ_CHAOS_KEEP"):
         import shutil
 

@@ -3,6 +3,7 @@ broker restarts, judged from record files (tests/chaos/scenario.py, docs/CHAOS.m
 
 * ``test_chaos_short`` (in ``make test``, about 30 s): one consumer SIGKILL, one consumer pause past its
   locks, one broker SIGKILL, one after the other, with the default seed (``TRIMQ_CHAOS_SEED`` to change).
+  One consumer of the three (slot ``c3``) runs with ``order_scope="key"`` (issue 17).
 * ``test_chaos_long`` (``make chaos``: ``pytest tests/chaos --chaos-long``): a dozen overlapping events per
   seed, for several seeds (``TRIMQ_CHAOS_SEEDS``).
 
@@ -38,6 +39,7 @@ def verdict(result: ChaosResult) -> None:
     assert not late, f"queues of a stopped consumer never consumed again: {late}\n{result.text()}"
     assert r.duplicates <= r.replayed + r.late_completions, result.text()
     assert r.started_after_lease == 0, result.text()  # a paused consumer starts nothing once its lease ran out
+    assert result.key_scope_records > 0, result.text()  # the key-scope consumer (issue 17) took part
 
 
 def test_chaos_short() -> None:

@@ -125,3 +125,53 @@ def test_a_paused_consumer_given_its_queue_back_cleanly_is_not_counted(tmp_path:
     b2 = [{**r, "consume_time": 500 + i} for i, r in enumerate(consumed([9, 10, 11], "B", 0))]
     r = run(tmp_path, 12, consumed([0, 1, 2, 3], "A", 10), b1 + b2, a2, pauses=[Pause("A", 100, 300)], lease_ms=50)
     assert r.ok and r.started_after_lease == 0, r.text()
+
+
+# --- key scope (issue 17): queues a key-scope consumer consumed are judged per key --------------------------
+
+
+def keyed(offsets: list[int], client: str, t0: int) -> list[dict[str, Any]]:
+    return [{**r, "keys": f"k{r['queue_offset'] % 2}"} for r in consumed(offsets, client, t0)]
+
+
+def test_key_scope_records_are_in_order_per_key_not_per_queue(tmp_path: Path) -> None:
+    # keys k0 (even offsets) and k1 (odd): K consumes k1's messages ahead of k0's, each key in order
+    recs = keyed([1, 3, 0, 5, 2, 4, 7, 6], "K", 10)
+    assert not run(tmp_path, 8, recs).ok  # as a queue-scope consumer: out of order
+    r = run(tmp_path, 8, recs, key_scope_clients=["K"])
+    assert r.ok, r.text()
+    bad = keyed([1, 0, 2, 5, 3, 4, 6, 7], "K", 10)  # k1: 5 before 3
+    r = run(tmp_path, 8, bad, key_scope_clients=["K"])
+    assert not r.ok and r.first_offending_key == "k1"
+
+
+def test_after_a_key_scope_owner_the_next_one_replays_from_the_committed_prefix(tmp_path: Path) -> None:
+    # K (key scope) consumed 0, 1, 3, 5 (k1 ran ahead) and committed the prefix 2; it leaves gracefully, B starts from
+    # 2 and consumes 3 and 5 again: allowed replays, as after a crash
+    samples = {Q: [(50, 2)]}
+    r = run(tmp_path, 8, keyed([0, 1, 3, 5], "K", 10), keyed([2, 3, 4, 5, 6, 7], "B", 200),
+            stops=[Stop("K", 100, graceful=True)], committed_samples=samples, key_scope_clients=["K"])
+    assert r.ok, r.text()
+    assert r.duplicates == 2 and r.replayed == 2
+    # a replay below the committed prefix is still a violation
+    r = run(tmp_path, 8, keyed([0, 1, 2, 3, 5], "K", 10), keyed([1, 2, 3, 4, 5, 6, 7], "B", 200),
+            stops=[Stop("K", 100, graceful=True)], committed_samples={Q: [(50, 3)]}, key_scope_clients=["K"])
+    assert not r.ok and any("below the committed floor 3" in v for v in r.violations), r.text()
+
+
+def test_key_scope_late_completions_are_counted_per_key(tmp_path: Path) -> None:
+    # K was paused with one batch of each key in its listener (4 and 5); B took over from 2; after SIGCONT K's two
+    # batches complete: one late completion per key
+    r = run(tmp_path, 8, keyed([0, 1, 2, 3], "K", 10), keyed([2, 3, 4, 5, 6, 7], "B", 200),
+            keyed([4, 5], "K", 301), pauses=[Pause("K", 100, 300)], key_scope_clients=["K"], lease_ms=50)
+    assert r.ok, r.text()
+    assert r.late_completions == 2 and r.started_after_lease == 0
+
+
+def test_another_consumers_late_completion_is_no_sign_it_holds_the_queue(tmp_path: Path) -> None:
+    # B (paused 100-300) took the queue back at 1000 from 4 while A, paused at 500 with offset 4 in its listener,
+    # finished it at 1101, after SIGCONT: A's late completion, not A holding the queue while B consumed 5..7
+    # (chaos seed 12 flagged B's records as started after its lease)
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3], "A", 10), consumed([4, 5, 6, 7], "B", 1000),
+            consumed([4], "A", 1101), pauses=[Pause("B", 100, 300), Pause("A", 500, 1100)], lease_ms=500)
+    assert r.late_completions == 1 and r.started_after_lease == 0, r.text()

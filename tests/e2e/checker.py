@@ -62,6 +62,16 @@ Extras for the chaos suite (tests/chaos/; all optional, the rules above are unch
   forth never does either. The client starts no batch after its own deadline, so this must be 0; each one
   is also reported as a violation.
 
+Key scope (issue 17; ``key_scope_clients``: the client ids of consumers with ``order_scope="key"``): such a consumer
+consumes a queue's keys in parallel, so its records are in queue order *per key* only, and it commits the contiguous
+completed prefix, so whoever consumes a queue after it — after a crash or a graceful move alike — may replay from
+that prefix. A queue any of them consumed is judged **per key**: the rules above apply to each key's records and
+acknowledged offsets of the queue (its "next offset" is the key's next one), a move away from a key-scope owner
+counts as a crash for the replay rule (the replay must still start at or above the committed floor), and the late
+completions of a pause are counted per key. "Started after lease" then also asks, of a key-scope consumer taken as
+the queue's holder, that it consumed the queue within a lease after the record (it still held it), and of a paused
+key-scope consumer, that the holder had consumed the queue since the pause.
+
 Use :func:`check` (returns a :class:`Report`; ``report.ok``, ``report.text()``), or from a shell
 ``python -m tests.e2e.checker --producer P.jsonl --consumer C1.jsonl --consumer C2.jsonl --crashed ID``.
 """
@@ -244,8 +254,10 @@ def check(
     late_window_ms: int = 2000,
     broker_replay_window_ms: int = 20_000,
     lease_ms: int | None = None,
+    key_scope_clients: Iterable[str] = (),
 ) -> Report:
     """Judge the record files; see the module documentation for the rules."""
+    key_scope = set(key_scope_clients)
     pauses = sorted(pauses, key=lambda p: p.stop_ms)
     stops = sorted([*stops, *(Stop(p.client_id, p.stop_ms, graceful=False, kind="pause") for p in pauses)],
                    key=lambda s: s.time_ms)
@@ -297,39 +309,78 @@ def check(
     report.missing = sorted((p for mid, p in produced.items() if mid not in seen),
                             key=lambda p: (p["queue_id"], p["queue_offset"]))
 
+    # Queues a key-scope consumer consumed are judged per key (module documentation): (records, acked, successor)
+    # of each key of such a queue; one part (the whole queue) for the others.
+    Part = tuple[list[dict[str, Any]], list[int], Any]
+    parts: dict[Queue, list[Part]] = {}
+    for q, recs in by_queue.items():
+        acked_q = acked_offsets.get(q, [])
+        if not key_scope or not any(r["client_id"] in key_scope for r in recs):
+            parts[q] = [(recs, acked_q, None)]
+            continue
+        key_recs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in recs:
+            p = produced.get(r["msg_id"])
+            key_recs[str(p["key"] if p else r.get("keys"))].append(r)
+        key_acked: dict[str, list[int]] = defaultdict(list)
+        for p in produced.values():
+            if _queue(p) == q:
+                key_acked[str(p["key"])].append(int(p["queue_offset"]))
+        parts[q] = []
+        for key, krecs in sorted(key_recs.items()):
+            acked_k = sorted(key_acked.get(key, []))
+            parts[q].append((krecs, acked_k, _successor(sorted({*acked_k, *(int(r["queue_offset"]) for r in krecs)}))))
+
     late: set[int] = set()  # id() of late completions (left out of the order rules)
     if pauses:
-        for recs in by_queue.values():
-            late |= _late_completions(recs, pauses, late_batch, late_window_ms)
+        for q_parts in parts.values():
+            for recs, _, succ in q_parts:
+                late |= _late_completions(recs, pauses, late_batch, late_window_ms, succ)
         report.late_completions = len(late)
     allowed_replay: set[int] = set()  # id() of records that are allowed replays
     bad: dict[int, str] = {}  # id() of records -> violation text
     samples = committed_samples or {}
-    for q, recs in sorted(by_queue.items()):
+    for q, q_parts in sorted(parts.items()):
         q_crashes = [c for c in crashes if c.broker == q[1]]
         q_samples = sorted(samples.get(q, ()))
-        _walk_queue(q, [r for r in recs if id(r) not in late], acked_offsets.get(q, []), crash_times,
-                    committed or {}, report, allowed_replay, bad, q_crashes, q_samples, broker_replay_window_ms)
+        for recs, acked_q, succ in q_parts:
+            _walk_queue(q, [r for r in recs if id(r) not in late], acked_q, crash_times, committed or {}, report,
+                        allowed_replay, bad, q_crashes, q_samples, broker_replay_window_ms, succ,
+                        key_scope if succ is not None else frozenset())
     for q, qs in sorted(samples.items()):
         _check_monotonic(q, sorted(qs), [c for c in crashes if c.broker == q[1]], report)
 
     if pauses and lease_ms is not None:
         for q, recs in sorted(by_queue.items()):
-            _started_after_lease(q, recs, pauses, late, lease_ms, crash_times, report)
+            _started_after_lease(q, recs, pauses, late, lease_ms, crash_times, report, key_scope)
     _check_keys([c for c in consumed if id(c[3]) not in late], produced, key_seqs, allowed_replay, bad, report)
     report.takeovers = _takeovers(stops, by_queue)
     return report
 
 
-def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batch: int, window_ms: int) -> set[int]:
-    """The records of one queue that complete, after SIGCONT, a batch a paused consumer had started before
-    SIGSTOP while another consumer took the queue over (module documentation)."""
+def _successor(universe: list[int]) -> Any:
+    """The next offset after ``o`` among ``universe`` (sorted: a key's offsets in its queue), else ``o + 1``."""
+    import bisect
+
+    def succ(o: int) -> int:
+        i = bisect.bisect_right(universe, o)
+        return universe[i] if i < len(universe) else o + 1
+
+    return succ
+
+
+def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batch: int, window_ms: int,
+                      succ: Any = None) -> set[int]:
+    """The records of one queue (or one key of a key-scope queue, ``succ`` giving its next offset) that complete,
+    after SIGCONT, a batch a paused consumer had started before SIGSTOP while another consumer took the queue over
+    (module documentation)."""
+    nxt = succ or (lambda o: o + 1)
     out: set[int] = set()
     for p in pauses:
         before = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) <= p.stop_ms]
         if not before:
             continue
-        expected = int(before[-1]["queue_offset"]) + 1
+        expected = nxt(int(before[-1]["queue_offset"]))
         after = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) >= p.cont_ms]
         for r in after[:late_batch]:
             t = int(r["consume_time"])
@@ -337,12 +388,13 @@ def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batc
             if t > p.cont_ms + window_ms or int(r["queue_offset"]) != expected or not taken_over:
                 break
             out.add(id(r))
-            expected += 1
+            expected = nxt(expected)
     return out
 
 
 def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Pause], late: set[int], lease_ms: int,
-                         crash_times: Mapping[str, list[int]], report: Report) -> None:
+                         crash_times: Mapping[str, list[int]], report: Report,
+                         key_scope: set[str] | frozenset[str] = frozenset()) -> None:
     """Records of a paused consumer on ``q`` started after its lease ran out while another consumer held ``q``
     (module documentation)."""
 
@@ -351,16 +403,27 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
 
     for p in pauses:
         expired = p.stop_ms + lease_ms
-        others = [r for r in recs if r["client_id"] != p.client_id and int(r["consume_time"]) > p.stop_ms]
+        # another consumer's late completions are no sign it holds the queue (it finishes what it started before its
+        # own pause, whoever holds the queue now)
+        others = [r for r in recs if r["client_id"] != p.client_id and int(r["consume_time"]) > p.stop_ms
+                  and id(r) not in late]
         for r in recs:
             t, o = int(r["consume_time"]), int(r["queue_offset"])
             if r["client_id"] != p.client_id or id(r) in late or t <= expired or t < p.cont_ms:
                 continue
             holder = next((x for x in others if (
                 (int(x["consume_time"]) <= t and int(x["queue_offset"]) >= o
-                 and not crashed(x["client_id"], int(x["consume_time"]), t))
+                 and not crashed(x["client_id"], int(x["consume_time"]), t)
+                 # a key-scope consumer hands a queue over from its committed prefix, below what it consumed: it
+                 # held the queue at t only if it still consumed it afterwards
+                 and (x["client_id"] not in key_scope
+                      or any(y["client_id"] == x["client_id"] and t < int(y["consume_time"]) <= t + lease_ms
+                             for y in others)))
                 or (t < int(x["consume_time"]) <= t + lease_ms and int(x["queue_offset"]) <= o
-                    and not crashed(p.client_id, t, int(x["consume_time"]))))), None)
+                    and not crashed(p.client_id, t, int(x["consume_time"]))
+                    and (p.client_id not in key_scope
+                         or any(y["client_id"] == x["client_id"] and int(y["consume_time"]) <= t
+                                for y in others))))), None)
             if holder is not None:
                 report.started_after_lease += 1
                 report.violations.append(f"{_qname(q)}: {p.client_id} consumed offset {o} at {t}, after its lease ran "
@@ -384,8 +447,13 @@ def _check_monotonic(q: Queue, samples: list[tuple[int, int]], crashes: list[Bro
 def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_times: Mapping[str, list[int]],
                 committed: Mapping[Queue, int], report: Report, allowed_replay: set[int], bad: dict[int, str],
                 broker_crashes: Sequence[BrokerCrash] = (), samples: Sequence[tuple[int, int]] = (),
-                broker_replay_window_ms: int = 20_000) -> None:
+                broker_replay_window_ms: int = 20_000, succ: Any = None,
+                replays_after: set[str] | frozenset[str] = frozenset()) -> None:
+    """The queue rules over ``recs`` (one queue, or one key of a key-scope queue: ``succ`` gives the key's next
+    offset, and owners in ``replays_after`` may be replayed after as after a crash)."""
     import bisect
+
+    nxt = succ or (lambda o: o + 1)
 
     frontier: int | None = None
     owner: str | None = None
@@ -402,6 +470,8 @@ def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_ti
         return i < len(acked) and acked[i] < hi
 
     def crashed_between(client: str | None, lo: int, hi: int) -> bool:
+        if client in replays_after:
+            return True  # key scope: the next owner (or itself, after a lapsed lease) replays from the prefix
         return any(lo - STOP_TOLERANCE_MS <= s <= hi for s in crash_times.get(client or "", ()))
 
     def sampled_floor(t: int) -> int:
@@ -427,17 +497,17 @@ def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_ti
         o, c, t = int(r["queue_offset"]), str(r["client_id"]), int(r["consume_time"])
         owner_changed = c != owner
         if frontier is None:
-            frontier, owner, owner_start, owner_since, prev_off, prev_time = o + 1, c, o, t, o, t
+            frontier, owner, owner_start, owner_since, prev_off, prev_time = nxt(o), c, o, t, o, t
             if acked and acked[0] < o:
                 _bad(bad, report, r, f"{_qname(q)}: consumption started at offset {o}, after acknowledged offset "
                                      f"{acked[0]}")
             continue
-        by_broker = broker_crash_floor(t) if o < frontier and not (in_replay and o == (prev_off or 0) + 1) else None
+        by_broker = broker_crash_floor(t) if o < frontier and not (in_replay and o == nxt(prev_off or 0)) else None
         if owner_changed:
             previous, owner = owner, c
             assert previous is not None
             if o < frontier:
-                if in_replay and prev_off is not None and o == prev_off + 1:
+                if in_replay and prev_off is not None and o == nxt(prev_off):
                     allowed_replay.add(id(r))  # a replay handed over mid-way continues with the new owner
                     report.replayed += 1
                 elif crashed_between(previous, prev_time, t) and (by_broker is None or o >= crash_floor(t)):
@@ -466,7 +536,7 @@ def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_ti
                                          f"from {frontier}")
             owner_start, owner_since = o, t
         elif o < frontier:
-            if in_replay and prev_off is not None and o == prev_off + 1:
+            if in_replay and prev_off is not None and o == nxt(prev_off):
                 allowed_replay.add(id(r))
                 report.replayed += 1
             elif crashed_between(c, prev_time, t) and (by_broker is None or o >= crash_floor(t)):
@@ -490,7 +560,7 @@ def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_ti
             _bad(bad, report, r, f"{_qname(q)}: {c} consumed offset {o} before acknowledged offset(s) from {frontier}")
         if o >= frontier:
             in_replay = False
-        frontier = max(frontier, o + 1)
+        frontier = max(frontier, nxt(o))
         prev_off, prev_time = o, t
 
 

@@ -73,7 +73,7 @@ __all__ = [
 log = get_logger("trimq.aio")
 
 T = TypeVar("T")
-C = TypeVar("C", bound=type)
+C = TypeVar("C", bound=type[Any])
 
 #: How long a trio task that was cancelled waits for the asyncio task it started (listener, callback) to finish
 #: its own cancellation before it lets go of it. Well-behaved coroutines unwind at once.
@@ -243,7 +243,7 @@ class GuestHost:
         self.closing = True
         if _HOSTS.get(self.loop) is self:
             del _HOSTS[self.loop]
-        error = RuntimeError("the trio guest run ended before it was ready")
+        error: BaseException = RuntimeError("the trio guest run ended before it was ready")
         if isinstance(result, outcome.Error):
             error = HostStoppedError(f"the trio guest run failed: {result.error!r}")
             error.__cause__ = result.error
@@ -511,7 +511,7 @@ def asyncio_native(*methods: str, idle_ok: tuple[str, ...] = ()) -> Callable[[C]
                 return aexit(self, *exc_info)  # type: ignore[no-any-return]
             return _asyncio_exit(self)
 
-        cls.__aenter__, cls.__aexit__ = __aenter__, __aexit__  # type: ignore[attr-defined]
+        cls.__aenter__, cls.__aexit__ = __aenter__, __aexit__
         for name in methods:
             setattr(cls, name, _dual(getattr(cls, name), name, name in idle_ok))
         return cls

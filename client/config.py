@@ -148,6 +148,7 @@ class ProducerConfig(ClientConfig):
                                               "550 ms -> 30 s ... a failure -> 10 min; until its master re-registers)")
 
     def validate(self) -> ProducerConfig:
+        """Check every value (the client ones and the producer group); raise ConfigError. Returns ``self``."""
         super().validate()
         try:
             check_group(self.producer_group)
@@ -255,6 +256,7 @@ class PushConsumerConfig(ClientConfig):
         super().__post_init__()
 
     def validate(self) -> PushConsumerConfig:
+        """Check every value against RocketMQ's checkConfig ranges; raise ConfigError. Returns ``self``."""
         super().validate()
         try:
             check_group(self.consumer_group)
@@ -294,6 +296,7 @@ class PushConsumerConfig(ClientConfig):
 
     @property
     def clustering(self) -> bool:
+        """True for CLUSTERING (the group shares the queues), False for BROADCASTING."""
         return self.message_model == "CLUSTERING"
 
 

@@ -289,6 +289,7 @@ class ClientInstance:
 
     @property
     def running(self) -> bool:
+        """Between entering and leaving ``async with``."""
         return self._running
 
     def _claim_client_id(self) -> str:
@@ -673,6 +674,7 @@ class ClientInstance:
         return await self.api.get_max_offset(await self._addr_or_raise(mq), mq)
 
     async def min_offset(self, mq: MessageQueue) -> int:
+        """The smallest offset ``mq`` still stores (GET_MIN_OFFSET to its broker)."""
         return await self.api.get_min_offset(await self._addr_or_raise(mq), mq)
 
     async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:

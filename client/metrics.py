@@ -170,6 +170,7 @@ class ConsumerMetrics:
         self._f.state.sources.add(source)
 
     def detach(self, source: MetricsSource) -> None:
+        """Stop reading ``source`` at scrape time (the consumer stopped)."""
         self._f.state.sources.discard(source)
 
     def _child(self, family: Any, *labels: str) -> Any:
@@ -183,20 +184,25 @@ class ConsumerMetrics:
         return child
 
     def observe_consume(self, topic: str, seconds: float) -> None:
+        """One listener call's duration."""
         self._child(self._f.consume_latency, self.group, topic).observe(seconds)
 
     def count_consumed(self, topic: str, ok: int, failed: int) -> None:
+        """Messages a listener call consumed and failed."""
         if ok:
             self._child(self._f.consumed, self.group, topic, "ok").inc(ok)
         if failed:
             self._child(self._f.consumed, self.group, topic, "failed").inc(failed)
 
     def observe_pull(self, topic: str, seconds: float) -> None:
+        """One pull's round trip."""
         self._child(self._f.pull_latency, self.group, topic).observe(seconds)
 
     def count_send_back(self, how: str) -> None:
+        """A message sent back for retry (``how``: broker, retry_topic or failed)."""
         self._f.send_back.labels(self.group, how).inc()
 
     def observe_rebalance(self, seconds: float) -> None:
+        """One rebalance pass and its duration."""
         self._f.rebalances.labels(self.group).inc()
         self._f.rebalance_duration.labels(self.group).observe(seconds)

@@ -237,6 +237,7 @@ class Producer:
 
     @property
     def group_name(self) -> str:
+        """The producer group (``config.producer_group``)."""
         return self.config.producer_group
 
     async def __aenter__(self) -> Producer:

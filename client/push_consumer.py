@@ -161,27 +161,27 @@ def per_message_listener(handler: Callable[[MessageExt], Any], orderly: bool) ->
         context.ack_index = i - 1
         return ok
 
-    if is_async_callable(handler):
-        async def listener(msgs: list[MessageExt], context: Any) -> Any:
-            for i, m in enumerate(msgs):
-                try:
-                    value = await handler(m)
-                except Exception as exc:
-                    return failed_at(i, context, exc)
-                if _failed(value):
-                    return failed_at(i, context, None)
-            return ok
-    else:
-        def listener(msgs: list[MessageExt], context: Any) -> Any:
-            for i, m in enumerate(msgs):
-                try:
-                    value = handler(m)
-                except Exception as exc:
-                    return failed_at(i, context, exc)
-                if _failed(value):
-                    return failed_at(i, context, None)
-            return ok
+    async def async_listener(msgs: list[MessageExt], context: Any) -> Any:
+        for i, m in enumerate(msgs):
+            try:
+                value = await handler(m)
+            except Exception as exc:
+                return failed_at(i, context, exc)
+            if _failed(value):
+                return failed_at(i, context, None)
+        return ok
 
+    def sync_listener(msgs: list[MessageExt], context: Any) -> Any:
+        for i, m in enumerate(msgs):
+            try:
+                value = handler(m)
+            except Exception as exc:
+                return failed_at(i, context, exc)
+            if _failed(value):
+                return failed_at(i, context, None)
+        return ok
+
+    listener: Callable[..., Any] = async_listener if is_async_callable(handler) else sync_listener
     functools.update_wrapper(listener, handler)
     return listener
 
@@ -255,10 +255,12 @@ class PushConsumer:
 
     @property
     def group_name(self) -> str:
+        """The consumer group (``config.consumer_group``)."""
         return self.config.consumer_group
 
     @property
     def consume_orderly(self) -> bool:
+        """True when the listener is orderly (each queue in order, under its lock)."""
         return self._orderly
 
     def subscribe(self, topic: str, sub_expression: str | None = "*") -> None:
@@ -412,6 +414,7 @@ class PushConsumer:
 
     @property
     def client_id(self) -> str:
+        """This member's client id (``ip@pid[@instance]``), once started."""
         if self.instance is None:
             raise ClientClosedError("the consumer has not been started")
         return self.instance.client_id

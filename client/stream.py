@@ -97,18 +97,22 @@ class ReceivedMessage:
 
     @property
     def body(self) -> bytes:
+        """The message body."""
         return self.message.body
 
     @property
     def topic(self) -> str:
+        """The topic it was sent to (a retried message's original topic)."""
         return self.message.topic
 
     @property
     def tags(self) -> str | None:
+        """Its tag, if any."""
         return self.message.tags
 
     @property
     def keys(self) -> str | None:
+        """Its KEYS property (keys separated by spaces), if any."""
         return self.message.keys
 
     @property
@@ -118,14 +122,18 @@ class ReceivedMessage:
 
     @property
     def msg_id(self) -> str:
-        return self.message.msg_id
+        """The message id as RocketMQ's consumers see it: the producer's unique key (UNIQ_KEY) when it set one,
+        else the store's message id (``message.msg_id``)."""
+        return self.message.unique_id
 
     @property
     def message_queue(self) -> MessageQueue:
+        """The queue it was consumed from."""
         return self.context.message_queue
 
     @property
     def queue_offset(self) -> int:
+        """Its offset in :attr:`message_queue`."""
         return self.message.queue_offset
 
     @property
@@ -135,6 +143,7 @@ class ReceivedMessage:
 
     @property
     def properties(self) -> dict[str, str]:
+        """All its properties (user properties and RocketMQ's)."""
         return self.message.properties
 
     def __repr__(self) -> str:
@@ -264,6 +273,7 @@ class MessageStream:
 
     @property
     def closed(self) -> bool:
+        """The consumer shut down: the iteration has ended (or will, once the waiting messages are handed out)."""
         return self._closed
 
     def __aiter__(self) -> MessageStream:

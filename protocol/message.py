@@ -112,14 +112,17 @@ class MessageExt:
 
     @property
     def tags(self) -> str | None:
+        """The TAGS property (what subscriptions filter on)."""
         return self.properties.get(MessageConst.TAGS)
 
     @property
     def keys(self) -> str | None:
+        """The KEYS property: the message's keys separated by spaces (indexed for queries)."""
         return self.properties.get(MessageConst.KEYS)
 
     @property
     def key_list(self) -> list[str]:
+        """The KEYS property split into its keys."""
         k = self.keys
         return k.split(KEY_SEPARATOR) if k else []
 
@@ -129,4 +132,5 @@ class MessageExt:
         return self.properties.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or self.msg_id
 
     def get_property(self, name: str) -> str | None:
+        """One property's value, None when absent."""
         return self.properties.get(name)

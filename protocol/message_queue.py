@@ -31,6 +31,7 @@ class MessageQueue:
         return self.sort_key() < other.sort_key()
 
     def sort_key(self) -> tuple[bytes, bytes, int]:
+        """Java's MessageQueue.compareTo order (topic, broker name, queue id; strings by UTF-16 code units)."""
         return (java_string_key(self.topic), java_string_key(self.broker_name), self.queue_id)
 
     def __str__(self) -> str:

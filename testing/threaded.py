@@ -45,10 +45,12 @@ class ThreadedCluster:
 
     @property
     def namesrv_addr(self) -> str:
+        """The name server's ``HOST:PORT`` (what clients are configured with)."""
         return self.cluster.namesrv_addr
 
     @property
     def broker_addrs(self) -> dict[str, str]:
+        """Each broker's name and address."""
         return self.cluster.broker_addrs
 
     def client_config(self, **settings: Any) -> ClientConfig:

@@ -1,4 +1,4 @@
-"""The trimq client SDK: producers and push consumers with RocketMQ 4.9.3's semantics, on trio.
+"""The trimq client SDK: producers and push consumers with RocketMQ 4.9.3's semantics, native on trio and asyncio.
 
 ::
 
@@ -10,7 +10,9 @@
     async with consumer:
         ...
 
-Programs that do not run trio embed the SDK through ``client.runner.TrioRunner`` (also importable from here).
+The same classes work with ``async with`` inside a running asyncio loop (client.aio: a trio guest run on that
+loop; ``async def`` listeners are then asyncio code). Programs without an event loop (threads, scripts) embed the
+SDK through ``client.runner.TrioRunner`` (also importable from here). docs/EMBEDDING.md has the whole picture.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
         select_by_java_hash,
         select_random,
     )
+    from trimq.client.stream import MessageStream, ReceivedMessage
     from trimq.protocol.message import Message, MessageConst, MessageExt
     from trimq.protocol.message_queue import MessageQueue
 
@@ -103,6 +106,7 @@ _EXPORTS: dict[str, str] = {
     "MessageModel": "trimq.client.consume.common",
     "MessageQueue": "trimq.protocol.message_queue",
     "MessageQueueSelector": "trimq.client.selectors",
+    "MessageStream": "trimq.client.stream",
     "MessageTooLargeError": "trimq.client.errors",
     "NoNameServerError": "trimq.client.errors",
     "NoPermissionError": "trimq.client.errors",
@@ -113,6 +117,7 @@ _EXPORTS: dict[str, str] = {
     "ProducerConfig": "trimq.client.config",
     "PushConsumer": "trimq.client.push_consumer",
     "PushConsumerConfig": "trimq.client.config",
+    "ReceivedMessage": "trimq.client.stream",
     "RemotingClosedError": "trimq.client.errors",
     "RemotingConnectError": "trimq.client.errors",
     "RemotingError": "trimq.client.errors",
@@ -160,6 +165,7 @@ __all__ = [
     "MessageModel",
     "MessageQueue",
     "MessageQueueSelector",
+    "MessageStream",
     "MessageTooLargeError",
     "NoNameServerError",
     "NoPermissionError",
@@ -170,6 +176,7 @@ __all__ = [
     "ProducerConfig",
     "PushConsumer",
     "PushConsumerConfig",
+    "ReceivedMessage",
     "RemotingClosedError",
     "RemotingConnectError",
     "RemotingError",

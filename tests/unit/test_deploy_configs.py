@@ -561,7 +561,7 @@ def _exported_client_metrics() -> dict[str, set[str]]:
         group_name = "g"
 
         def metrics_state(self) -> tuple[list[QueueState], dict[str, int], int]:
-            return [QueueState("T", "broker-a", 0, 1, 1, True, 1.0, 1)], {"pulls": 1}, 1
+            return [QueueState("T", "broker-a", 0, 1, 1, True, 1.0, 1, blocked_keys=1)], {"pulls": 1}, 1
 
     metrics = ConsumerMetrics("g", CollectorRegistry())
     source = Source()

@@ -219,6 +219,7 @@ class StoreAppend(StoreBase):
         buf = bytearray()
         units = bytearray()
         keyed: list[int] = []  # offsets of the records with KEYS or UNIQ_KEY, for the index task
+        known: list[tuple[str, int, int, str]] = []  # and what the index needs of each (no read back)
         for i, (body, props_b, flag, size, tc) in enumerate(prepared):
             # one pack per record: fields 1-14, the body, the topic, the properties (struct cached by lengths)
             bl = len(body)
@@ -231,6 +232,7 @@ class StoreAppend(StoreBase):
             units += unit(phys, size, tc)
             if b"KEY" in props_b:
                 keyed.append(phys)
+                known.append((topic, store_ts, sys_flag, messages[i][1]))
             phys += size
         try:
             cl.write(seg, buf)
@@ -238,7 +240,7 @@ class StoreAppend(StoreBase):
             log.error("store.write_failed", error=str(exc), offset=phys0)
             return PutResult(PutMessageStatus.UNKNOWN_ERROR, remark=f"commit-log write failed: {exc}")
         if keyed:
-            self.index_dispatcher.note_keyed(keyed)
+            self.index_dispatcher.note_keyed(keyed, known)
         try:
             cq.append(qoff, bytes(units))
         except OSError as exc:

@@ -113,6 +113,9 @@ class IndexDispatcher:
         self._recovered_end = 0  # below it the log is scanned; from it on, ``keyed`` lists what to index
         #: Offsets of appended records with KEYS or UNIQ_KEY not indexed yet, ascending (None: index off).
         self.keyed: list[int] | None = [] if enabled else None
+        #: What the append already knew of some of them (``note_keyed(..., known)``): offset -> (topic, store
+        #: time, sys flag, property string), so they are indexed without reading the record back from the log.
+        self._known: dict[int, tuple[str, int, int, str]] = {}
         self._wakeup = trio.Event()
         self._waiters: list[tuple[int, trio.Event]] = []
         self._topics: dict[bytes, str] = {}
@@ -154,10 +157,14 @@ class IndexDispatcher:
         """The commit log grew (called by the append path): dispatch soon."""
         self._wakeup.set()
 
-    def note_keyed(self, offsets: list[int]) -> None:
-        """Records at these commit-log offsets (ascending, appended just now) have KEYS or UNIQ_KEY."""
+    def note_keyed(self, offsets: list[int], known: list[tuple[str, int, int, str]] | None = None) -> None:
+        """Records at these commit-log offsets (ascending, appended just now) have KEYS or UNIQ_KEY. ``known``
+        (optional, one per offset): each record's (topic, store timestamp, sys flag, property string) as the
+        append wrote it, which spares reading the record back (the index's main cost per message)."""
         if self.keyed is not None:
             self.keyed.extend(offsets)
+            if known is not None:
+                self._known.update(zip(offsets, known, strict=True))
 
     async def run(self) -> None:
         """Dispatch whenever woken, msync changed files every ``flush_interval_ms``; until cancelled."""
@@ -215,9 +222,17 @@ class IndexDispatcher:
         take = keyed[:max_records]
         del keyed[:max_records]
         low = max(self.dispatched, cl.min_offset)
+        known = self._known
         for offset in take:
-            if offset >= low:
+            data = known.pop(offset, None) if known else None
+            if offset < low:
+                continue
+            if data is not None and offset < cl.max_offset:
+                self._index_known(offset, *data)
+            else:
                 self._index_at(cl, offset)
+        if not keyed and known:
+            known.clear()  # left by offsets dropped from ``keyed`` (a slave's cut tail): never looked up again
         self.dispatched = keyed[0] if keyed else max(self.dispatched, cl.max_offset)
         self.index.sync_headers()
         return bool(keyed)
@@ -289,6 +304,14 @@ class IndexDispatcher:
             buf.release()
         self.dispatched = pos
         return max(seen, 1)
+
+    def _index_known(self, pos: int, topic: str, store_ts: int, sys_flag: int, props: str) -> None:
+        """Index a record from what its append noted (the same fields ``_index_record`` reads back)."""
+        n = self.index.build_index(topic, pos, store_ts, sys_flag, _property(props, MessageConst.KEYS),
+                                   _property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
+        if n:
+            self.records_indexed += 1
+            self.entries_written += n
 
     def _index_record(self, buf: memoryview, rel: int, pos: int, index: IndexService) -> None:
         (sys_flag,) = _I32.unpack_from(buf, rel + 36)

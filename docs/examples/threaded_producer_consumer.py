@@ -31,7 +31,6 @@ from trimq.client import (
 )
 from trimq.client.admin import open_admin
 from trimq.client.runner import TrioRunner
-from trimq.client.selectors import select_by_hash
 from trimq.runtime.logs import configure_logging
 
 TOPIC = "ExampleOrders"
@@ -81,7 +80,7 @@ def main() -> int:
             for order in range(first, args.orders, step):
                 for n in range(args.count // args.orders):
                     order_id = f"order-{order}"
-                    send = functools.partial(producer.send, selector=select_by_hash, arg=order_id)
+                    send = functools.partial(producer.send, sharding_key=order_id)  # the order's queue
                     runner.call(send, Message(TOPIC, f"{order_id}:{n}".encode(), keys=order_id))
 
         senders = [threading.Thread(target=send_orders, args=(i, 2)) for i in range(2)]

@@ -13,7 +13,11 @@
    20 ms) unless ``--no-variants``.
 3. Takeover of an orderly consumer's queues (``bench.takeover``): graceful, SIGKILL, SIGSTOP for 10 s, a
    10 s network partition, a broker restart; and the broker's cost of lease renewals (1000 clients x 8 queues).
-4. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
+4. High availability (``bench.ha``, issue 15): send throughput and p99 of an ASYNC_MASTER and a SYNC_MASTER
+   with their slaves against a single broker (ratios), replication lag under load, and a master's SIGKILL under
+   an unordered producer and concurrent consumers (acknowledged lost, time to the slave, time to sends on
+   another broker name, duplicates), with a stand-alone name server.
+5. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
    (``bench.audit_reference``) on a generated store of ``--spark-messages`` messages (default 10M, about
    4.3 GB of disk and several minutes; ``--no-spark`` skips it).
 
@@ -198,6 +202,7 @@ def report(results: Path, meta: dict[str, Any]) -> str:
                 f"{t.get('replays')} | {t.get('order_violations')} | {t.get('started_after_lease')} | "
                 f"{t.get('stale_commits_refused')} |")
         add("")
+    lines.extend(ha_report(load(results, "ha.json")))
     cost = load(results, "takeover-cost.json")
     if cost:
         add(f"Lease renewals: {cost.get('clients')} client ids x {cost.get('queues_per_client')} queues over "
@@ -356,6 +361,30 @@ def rate_label(rate: float) -> str:
     return f"{int(rate):,} msg/s" if rate else "flat out"
 
 
+def ha_report(ha: Any) -> list[str]:
+    """REPORT.md's high-availability section (bench.ha's ha.json), or nothing."""
+    if not ha:
+        return []
+    out = ["### High availability (bench.ha: master/slave on loopback, stand-alone name server)", "",
+           "| broker | msgs/s | x single | p50 ms | p99 ms | replication lag max (bytes / s) |",
+           "|---|---:|---:|---:|---:|---:|"]
+    names = {"single": "single broker", "async": "ASYNC_MASTER + slave", "sync": "SYNC_MASTER + slave"}
+    for r in ha.get("throughput", []):
+        lag = f"{r.get('lag_bytes_max')} / {r.get('lag_s_max')}" if r.get("lag_samples") else "-"
+        out.append(f"| {names.get(r['mode'], r['mode'])} | {r['msgs_s']:,.0f} | {r.get('ratio_to_single')} | "
+                   f"{r['p50_ms']} | {r['p99_ms']} | {lag} |")
+    out += ["", "| master SIGKILLed | acknowledged lost | first pull to slave | consumed from slave | "
+            "sends on another broker | longest send | duplicates | targets (<= 2 s; 0 lost under SYNC) |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for f in ha.get("failover", []):
+        out.append(f"| {f['role']} | {f['acknowledged_lost']} | {f['first_pull_to_slave_s']} s | "
+                   f"{f['consumption_from_slave_s']} s | {f['sends_on_other_broker_s']} s | "
+                   f"{f['longest_send_around_kill_s']} s | {f['duplicates']} | "
+                   f"{'met' if f.get('target_met') else 'NOT met'} |")
+    out.append("")
+    return out
+
+
 #: bench.takeover's scenarios, in report order (plus ``cost``, the lease renewals' price).
 TAKEOVER_SCENARIOS = ("graceful", "sigkill", "sigstop", "partition", "broker-restart")
 
@@ -376,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="messages in the audit benchmark's store (default 10M)")
     p.add_argument("--no-storage", action="store_true")
     p.add_argument("--no-takeover", action="store_true")
+    p.add_argument("--no-ha", action="store_true", help="skip bench.ha (master/slave replication, failover)")
     p.add_argument("--no-variants", action="store_true", help="skip the pull_interval 20 ms trimq row")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
@@ -436,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
             if run_step(f"takeover {scenario}", py("bench.takeover", "--scenario", scenario, "--results",
                                                    str(results)), timeout=400) != 0:
                 rc = 1
+    if not args.no_ha and run_step("ha (replication, failover)", py("bench.ha", "--results", str(results)),
+                                   timeout=900) != 0:
+        rc = 1
     if not args.no_spark and run_step("spark_bench", py("bench.spark_bench", "--messages", str(args.spark_messages),
                                                         "--results", str(results)), timeout=3600) != 0:
         rc = 1

@@ -17,7 +17,10 @@
    with their slaves against a single broker (ratios), replication lag under load, and a master's SIGKILL under
    an unordered producer and concurrent consumers (acknowledged lost, time to the slave, time to sends on
    another broker name, duplicates), with a stand-alone name server.
-5. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
+5. The SDK on asyncio against the SDK on trio (``bench.sdk_loops``, issue 18): the consumer process's CPU per
+   message at a paced 20k msg/s, live, with the peer workload's consumer settings and with the SDK's defaults
+   (target: asyncio <= 1.2x trio); ``--no-sdk-loops`` skips it.
+6. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
    (``bench.audit_reference``) on a generated store of ``--spark-messages`` messages (default 10M, about
    4.3 GB of disk and several minutes; ``--no-spark`` skips it).
 
@@ -203,6 +206,7 @@ def report(results: Path, meta: dict[str, Any]) -> str:
                 f"{t.get('stale_commits_refused')} |")
         add("")
     lines.extend(ha_report(load(results, "ha.json")))
+    lines.extend(sdk_loops_report(load(results, "sdk-loops.json")))
     cost = load(results, "takeover-cost.json")
     if cost:
         add(f"Lease renewals: {cost.get('clients')} client ids x {cost.get('queues_per_client')} queues over "
@@ -385,6 +389,23 @@ def ha_report(ha: Any) -> list[str]:
     return out
 
 
+def sdk_loops_report(data: Any) -> list[str]:
+    """REPORT.md's asyncio-vs-trio section (bench.sdk_loops' sdk-loops.json), or nothing."""
+    if not data:
+        return []
+    out = [f"### The SDK on asyncio and on trio (bench.sdk_loops: one consumer, live at {data['rate']:,} msg/s, "
+           f"median of {data['runs_per_loop']} runs each)", "",
+           "| consumer settings | trio µs CPU/msg | asyncio µs CPU/msg | asyncio / trio | target <= 1.2 |",
+           "|---|---:|---:|---:|---|"]
+    labels = {"peer": "peer workload (orderly, pull 256, 64 per listener call)",
+              "defaults": "SDK defaults (concurrently, 1 per listener call)"}
+    for name, p in data.get("profiles", {}).items():
+        out.append(f"| {labels.get(name, name)} | {p['trio']['cpu_us_per_msg']} | {p['asyncio']['cpu_us_per_msg']} | "
+                   f"{p['ratio']} | {'met' if p.get('target_met') else '**missed**'} |")
+    out.append("")
+    return out
+
+
 #: bench.takeover's scenarios, in report order (plus ``cost``, the lease renewals' price).
 TAKEOVER_SCENARIOS = ("graceful", "sigkill", "sigstop", "partition", "broker-restart")
 
@@ -406,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-storage", action="store_true")
     p.add_argument("--no-takeover", action="store_true")
     p.add_argument("--no-ha", action="store_true", help="skip bench.ha (master/slave replication, failover)")
+    p.add_argument("--no-sdk-loops", action="store_true", help="skip bench.sdk_loops (asyncio vs trio consumer CPU)")
     p.add_argument("--no-variants", action="store_true", help="skip the pull_interval 20 ms trimq row")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
@@ -468,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
                 rc = 1
     if not args.no_ha and run_step("ha (replication, failover)", py("bench.ha", "--results", str(results)),
                                    timeout=900) != 0:
+        rc = 1
+    if not args.no_sdk_loops and run_step("sdk loops (asyncio vs trio)",
+                                          py("bench.sdk_loops", "--results", str(results)), timeout=900) != 0:
         rc = 1
     if not args.no_spark and run_step("spark_bench", py("bench.spark_bench", "--messages", str(args.spark_messages),
                                                         "--results", str(results)), timeout=3600) != 0:

@@ -20,7 +20,8 @@ worker thread), so the same workload runs on trimq and on Redis Streams in one r
   the steady-state benchmark measures consumption, not the first rebalance (``bench.takeover`` measures
   takeovers). The pull loops resume when every member is ready (the ``c*.ready`` files of the run).
 * Diagnostics: ``TRIMQ_BENCH_SAMPLE=dir`` samples every process's CPU by stack (bench/sampler.py),
-  ``TRIMQ_BENCH_PROFILE=dir`` runs them under cProfile (CPU time), ``--trimq-stages 1`` records each message's
+  ``TRIMQ_BENCH_PROFILE=dir`` runs them under cProfile (CPU time), ``TRIMQ_BENCH_GC=dir`` records their garbage
+  collections (bench/gcstats.py), ``--trimq-stages 1`` records each message's
   per-stage timestamps (``stage_breakdown``).
 * Pacing: the harness's ``--rate N`` (``common.Pacer``, as the Redis peer applies it): window ``i`` is due at
   ``t0 + i / rate`` and its messages carry that *scheduled* time, so a producer that falls behind shows as latency
@@ -153,6 +154,11 @@ def start_server(workdir: str, args: Any) -> Any:
                "s = CpuSampler(threading.get_ident()).__enter__()\n"
                "try: main(standalone_mode=False)\nfinally:\n s.__exit__(); open(out, 'w').write(s.report(70))",
                out, *cmd[len(_broker_exe()):]]
+    elif os.environ.get("TRIMQ_BENCH_GC"):
+        cmd = [sys.executable, "-c", "import sys; sys.argv = ['trimq-broker'] + sys.argv[1:]; "
+               "from bench import gcstats; gcstats.install(); from trimq.tools.broker import main\n"
+               "try: main(standalone_mode=False)\nfinally: gcstats.write('broker')",
+               *cmd[len(_broker_exe()):]]
     elif prof_dir:
         out = os.path.join(prof_dir, "broker.prof")
         cmd = [sys.executable, "-c", "import cProfile, sys, time; out = sys.argv[1]; sys.argv = ['trimq-broker'] + "
@@ -181,6 +187,14 @@ async def setup(args: Any) -> None:
 def _run_trio(fn: Any, *a: Any) -> Any:
     import trio
 
+    if os.environ.get("TRIMQ_BENCH_GC"):
+        from bench import gcstats
+
+        gcstats.install()
+        try:
+            return trio.run(fn, *a)
+        finally:
+            gcstats.write(fn.__name__)
 
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
     if not prof_dir:

@@ -1,7 +1,8 @@
 """The chaos scenario: a whole trimq cluster as real processes, a seeded schedule of failures, and a verdict.
 
 Processes (every one started through its command-line tool, logs under the work directory): one
-``trimq-namesrv``; two brokers ``broker-a`` and ``broker-b`` (``--flush sync``); a topic with
+``trimq-namesrv``; two brokers ``broker-a`` and ``broker-b`` (``--flush sync``), ``broker-a`` a SYNC_MASTER with a
+slave (issue 15; ``broker-b`` an ASYNC_MASTER without one); a topic with
 ``queues_per_broker`` queues on each; three orderly consumers ``c1``..``c3`` of one group (``--orderly
 --record``), ``c3`` with ``order_scope="key"`` (issue 17: a queue's keys in parallel, through a handler that takes
 0-20 ms) and the others in queue scope; one orderly producer (``--orderly --sharding-key --record --rate``).
@@ -16,7 +17,13 @@ of events, each followed by ``settle_s`` of calm:
   drops it and another member takes its queues over — then SIGCONT;
 * ``kill_broker``: SIGKILL a broker, read the consumer offsets it had persisted
   (``STORE/config/consumerOffset.json``: what it will reload), restart it ``duration_s`` later on the same
-  store and port; it registers with the name server again.
+  store and port; it registers with the name server again;
+* ``kill_master`` (issue 15, on ``broker-a``): SIGKILL its master, and ``duration_s`` later promote its slave with
+  ``trimq-admin broker promote`` (SYNC_MASTER, master epoch + 1) and restart the old master on its store, where
+  it learns of the newer master and rejoins as its slave, cutting the tail the new master never had. Judged as a
+  broker crash whose "persisted" offsets are those the promoted master serves right after its promotion; the
+  checker's "nothing acknowledged lost" is then SYNC_MASTER's promise: every acknowledged message was on the
+  slave.
 
 Meanwhile a sampler thread reads every broker's committed offsets of the group (GET_CONSUME_STATS) and its
 fenced-update counter (GET_LOCK_TABLE) every ``sample_interval_s``. After the producer finished and every
@@ -69,6 +76,9 @@ BIN = Path(os.path.dirname(sys.executable))
 TOPIC = "ChaosOrders"
 GROUP = "chaos_orderly"
 BROKERS = ("broker-a", "broker-b")
+HA_BROKER = "broker-a"
+"""The broker name served by a SYNC_MASTER and its slave (the ``kill_master`` events' target)."""
+BROKER_KINDS = ("kill_broker", "kill_master")
 SLOTS = ("c1", "c2", "c3")
 KEY_SCOPE_SLOT = "c3"
 """The slot whose consumers run with ``order_scope="key"`` (the checker judges the queues they consumed per key)."""
@@ -114,6 +124,8 @@ class ChaosSettings:
     kill_down_s: tuple[float, float] = (0.5, 2.0)  # a killed consumer's replacement starts after this
     pause_s: tuple[float, float] = (5.5, 6.5)  # SIGSTOP .. SIGCONT
     broker_down_s: tuple[float, float] = (1.0, 2.5)
+    master_kills: int = 1
+    master_down_s: tuple[float, float] = (0.5, 1.5)  # a killed master's slave is promoted after this
     tail_s: float = 2.0  # traffic after the last event settled
     rate: float = 300.0  # messages per second
     keys: int = 200
@@ -126,7 +138,7 @@ class ChaosSettings:
 
 SHORT = ChaosSettings()
 LONG = ChaosSettings(consumer_kills=5, consumer_pauses=4, broker_kills=3, settle_s=2.0, jitter_s=4.0, rate=400.0,
-                     keys=500, drain_timeout_s=60.0, overlap=True)
+                     keys=500, drain_timeout_s=60.0, overlap=True, master_kills=2)
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,7 @@ class Event:
     """One scheduled failure: ``at_s`` after the producer started, lasting ``duration_s``."""
 
     at_s: float
-    kind: str  # kill_consumer | pause_consumer | kill_broker
+    kind: str  # kill_consumer | pause_consumer | kill_broker | kill_master
     target: str  # a consumer slot (c1..c3) or a broker name
     duration_s: float
 
@@ -152,7 +164,7 @@ def make_schedule(seed: int, settings: ChaosSettings = SHORT) -> list[Event]:
     """
     rng = random.Random(seed)
     kinds = (["kill_consumer"] * settings.consumer_kills + ["pause_consumer"] * settings.consumer_pauses
-             + ["kill_broker"] * settings.broker_kills)
+             + ["kill_broker"] * settings.broker_kills + ["kill_master"] * settings.master_kills)
     rng.shuffle(kinds)
     events: list[Event] = []
     busy: dict[str, float] = {}  # target -> end of its event plus calm
@@ -162,18 +174,21 @@ def make_schedule(seed: int, settings: ChaosSettings = SHORT) -> list[Event]:
         pool: tuple[str, ...]
         if kind == "kill_broker":
             pool, span = BROKERS, settings.broker_down_s
+        elif kind == "kill_master":
+            pool, span = (HA_BROKER,), settings.master_down_s
         else:
             pool, span = SLOTS, settings.kill_down_s if kind == "kill_consumer" else settings.pause_s
         while True:
             free = [x for x in pool if busy.get(x, 0.0) <= t]
-            enough = len(free) >= (1 if kind == "kill_broker" else 2) if settings.overlap else len(free) == len(pool)
-            if kind == "kill_broker" and len(free) < len(pool):
+            enough = len(free) >= (1 if kind in BROKER_KINDS else 2) if settings.overlap else len(free) == len(pool)
+            if kind in BROKER_KINDS and any(busy.get(x, 0.0) > t for x in BROKERS):
                 enough = False  # one broker at a time
-            if kind != "kill_broker" and len([x for x in SLOTS if busy.get(x, 0.0) <= t]) < 2:
+            if kind not in BROKER_KINDS and len([x for x in SLOTS if busy.get(x, 0.0) <= t]) < 2:
                 enough = False  # keep a consumer running
             if enough:
                 break
-            t = min(busy[x] for x in pool if busy.get(x, 0.0) > t)
+            watched = BROKERS if kind in BROKER_KINDS else pool
+            t = min(busy[x] for x in watched if busy.get(x, 0.0) > t)
         target, dur = rng.choice(free), rng.uniform(*span)
         events.append(Event(round(t, 2), kind, target, round(dur, 2)))
         busy[target] = t + dur + settings.settle_s
@@ -353,8 +368,11 @@ class _Cluster:
         self.settings = settings
         self.procs: list[_Proc] = []
         self.namesrv = ""
-        self.brokers: dict[str, _Proc] = {}
+        self.brokers: dict[str, _Proc] = {}  # broker name -> its master's process
         self.broker_addr: dict[str, str] = {}
+        self.stores: dict[str, Path] = {}  # broker name -> its master's store (a promotion swaps it with the slave's)
+        self.slaves: dict[str, _Proc] = {}  # HA: broker name -> its slave's process
+        self.slave_stores: dict[str, Path] = {}
         self.consumers: dict[str, _Proc] = {}  # slot -> current incarnation
         self.consumer_files: list[Path] = []
         self.all_consumers: list[_Proc] = []
@@ -371,7 +389,11 @@ class _Cluster:
         self.namesrv = str(p.wait_log_event("namesrv.started", 20)["address"])
 
     def store(self, broker: str) -> Path:
-        return self.workdir / f"store-{broker}"
+        return self.stores.setdefault(broker, self.workdir / f"store-{broker}")
+
+    def _broker_argv(self, broker: str, store: Path, listen: str, *extra: str) -> list[str]:
+        return [str(BIN / "trimq-broker"), "--listen", listen, "--store", str(store), "--namesrv", self.namesrv,
+                "--broker-name", broker, "--flush", "sync", "--log-format", "json", "--log-level", "warning", *extra]
 
     def start_broker(self, broker: str, listen: str = "127.0.0.1:0") -> _Proc:
         addr_file = self.store(broker) / "broker.addr"
@@ -379,12 +401,48 @@ class _Cluster:
             addr_file.unlink()
         n = self._incarnations[broker]
         self._incarnations[broker] += 1
-        p = self.start(f"{broker}.{n}", [
-            str(BIN / "trimq-broker"), "--listen", listen, "--store", str(self.store(broker)), "--namesrv",
-            self.namesrv, "--broker-name", broker, "--flush", "sync", "--log-format", "json", "--log-level", "warning",
-        ], _env(BROKER_SETTINGS))
+        role = ("--role", "sync_master") if broker == HA_BROKER else ()
+        p = self.start(f"{broker}.{n}", self._broker_argv(broker, self.store(broker), listen, *role),
+                       _env(BROKER_SETTINGS))
         self.brokers[broker] = p
         return p
+
+    def start_slave(self, broker: str) -> _Proc:
+        """HA: a slave of ``broker`` on its own store (a fresh one, or a demoted master's); it finds its master
+        through the name server."""
+        store = self.slave_stores.setdefault(broker, self.workdir / f"store-{broker}-slave")
+        with contextlib.suppress(FileNotFoundError):
+            (store / "broker.addr").unlink()
+        n = self._incarnations[broker + "-s"]
+        self._incarnations[broker + "-s"] += 1
+        p = self.start(f"{broker}-s.{n}", self._broker_argv(broker, store, "127.0.0.1:0", "--role", "slave",
+                                                             "--broker-id", "1"), _env(BROKER_SETTINGS))
+        self.slaves[broker] = p
+        return p
+
+    def wait_addr(self, p: _Proc, store: Path, timeout: float = 30) -> str:
+        addr_file = store / "broker.addr"
+        deadline = time.monotonic() + timeout
+        while not addr_file.exists():
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.log_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{p.name} did not start within {timeout} s:\n{p.log_text()[-3000:]}")
+            time.sleep(0.05)
+        return addr_file.read_text().strip()
+
+    def promote(self, broker: str) -> str:
+        """HA: make ``broker``'s slave its master (trimq-admin broker promote); swap the bookkeeping; its address."""
+        done = subprocess.run([str(BIN / "trimq-admin"), "--namesrv", self.namesrv, "broker", "promote",
+                               "--broker-name", broker, "--broker-id", "1", "--role", "SYNC_MASTER"],
+                              capture_output=True, text=True, env=_env({}), cwd=self.workdir, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"promotion of {broker} failed: {done.stderr}{done.stdout}")
+        new_master, new_store = self.slaves.pop(broker), self.slave_stores.pop(broker)
+        self.slave_stores[broker], self.stores[broker] = self.stores[broker], new_store
+        self.brokers[broker] = new_master
+        self.broker_addr[broker] = addr = (new_store / "broker.addr").read_text().strip()
+        return addr
 
     def wait_broker(self, broker: str, timeout: float = 30) -> str:
         p = self.brokers[broker]
@@ -443,6 +501,25 @@ def _persisted_offsets(store: Path, broker: str) -> dict[tuple[str, str, int], i
     return out
 
 
+def _served_offsets(addr: str, broker: str) -> dict[tuple[str, str, int], int]:
+    """The group's committed offsets ``addr`` serves now (GET_CONSUME_STATS)."""
+    import trio
+
+    from trimq.client.api import MQClientAPI
+    from trimq.runtime.client import RemotingClient
+
+    async def go() -> dict[str, Any]:
+        async with RemotingClient() as rc:
+            return await MQClientAPI(rc, timeout_ms=5000).get_consume_stats(addr, GROUP, TOPIC)
+
+    out = {}
+    for row in trio.run(go).get("offsetTable", []):
+        off = int(row.get("consumerOffset", -1))
+        if off >= 0 and row["mq"]["brokerName"] == broker:
+            out[(TOPIC, broker, int(row["mq"]["queueId"]))] = off
+    return out
+
+
 def _count_lines(path: Path) -> int:
     if not path.exists():
         return 0
@@ -477,6 +554,8 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
             cluster.start_broker(b)
         for b in BROKERS:
             cluster.wait_broker(b)
+        if settings.master_kills:
+            cluster.wait_addr(cluster.start_slave(HA_BROKER), cluster.slave_stores[HA_BROKER])
         made = subprocess.run([str(BIN / "trimq-producer"), "--namesrv", cluster.namesrv, "--topic", TOPIC, "--count",
                                "0", "--queues", str(settings.queues_per_broker)], capture_output=True, text=True,
                               env=_env({}), cwd=wd, timeout=60)
@@ -556,6 +635,27 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
                     with sampler.lock:
                         sampler.addrs[b] = addr
                     say(f"  {time.monotonic() - t0:6.2f} s {b} restarted on {addr}")
+            elif e.kind == "kill_master":
+                b = e.target
+                if phase == "begin":
+                    with sampler.lock:
+                        sampler.addrs[b] = None
+                        sampler.incarnation[b] += 1
+                        t = _wall_ms()
+                        cluster.brokers[b].kill()
+                    crashes.append(BrokerCrash(b, t, 0, {}))
+                    say(f"  {at_s:6.2f} s SIGKILL {b}'s master")
+                else:
+                    addr = cluster.promote(b)
+                    # What the promoted master serves (synced from the old master, plus what was committed to it
+                    # meanwhile): the floor of the replays that follow, as a restarted broker's persisted offsets.
+                    persisted = _served_offsets(addr, b)
+                    crashes[-1] = replace(crashes[-1], restart_ms=_wall_ms(), persisted=persisted)
+                    with sampler.lock:
+                        sampler.addrs[b] = addr
+                    old = cluster.start_slave(b)  # the old master's store: it rejoins as the new master's slave
+                    say(f"  {time.monotonic() - t0:6.2f} s {b}'s slave promoted ({addr}); offsets "
+                        f"{sorted(persisted.values())}; old master restarting as its slave ({old.name})")
         try:
             producer_status = producer.popen.wait(max(30.0, traffic_s + 30 - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:

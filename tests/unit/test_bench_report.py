@@ -35,3 +35,43 @@ def test_report_and_ratios(tmp_path: Path) -> None:
     assert "| graceful | 2 | 0.15 / 0.2 s | 0.2 s met | 0 | 0 | 0 | 0 | 0 |" in text
     assert "1500.0 renewals/s cost the broker 0.3 CPU-s/s" in text
     assert ratios_text(tmp_path) == "trimq/redis live: produce 1.50, consume 1.50, p99 0.50, CPU/msg 0.80"
+
+
+def _curve_row(peer: str, p50: float, p99: float, total: float, rate: float, lag: float | None) -> dict[str, object]:
+    row = _row(peer, "live", rate, p99, total)
+    row["median"] = {**row["median"], "p50_ms": p50, "p999_ms": p99 * 2, "pace_lag_s": lag}  # type: ignore[dict-item]
+    row["range"] = {"produce_msgs_per_s": [rate, rate], "pace_lag_s": [0.0, lag or 0.0]}
+    return row
+
+
+def test_latency_curve_ratios_and_targets(tmp_path: Path) -> None:
+    """Issue 22's curve: per rate both systems, the trimq/Redis ratios, and the targets judged only at paced rates
+    up to 0.9x Redis's own flat-out rate."""
+    rows = {
+        "redis-live.json": _curve_row("redis", 3.0, 6.0, 40.0, 30_000, None),
+        "trimq-live.json": _curve_row("trimq", 4.0, 12.0, 38.0, 48_000, None),
+        "redis-live-rate10000.json": _curve_row("redis", 2.0, 5.0, 50.0, 10_000, 0.001),
+        "trimq-live-rate10000.json": _curve_row("trimq", 1.0, 4.0, 36.0, 10_000, 0.002),
+        "redis-live-rate20000.json": _curve_row("redis", 2.0, 5.0, 50.0, 20_000, 0.001),
+        "trimq-live-rate20000.json": _curve_row("trimq", 3.0, 10.0, 45.0, 20_000, 0.004),
+        "redis-live-rate40000.json": _curve_row("redis", 20.0, 50.0, 50.0, 29_000, 1.5),
+        "trimq-live-rate40000.json": _curve_row("trimq", 10.0, 40.0, 40.0, 40_000, 0.3),
+    }
+    for name, row in rows.items():
+        (tmp_path / name).write_text(json.dumps(row))
+    (tmp_path / "trimq-live-stages.json").write_text(json.dumps(
+        {"rate": 20_000, "stages_ms": {"stored->pulled": {"p50": 1.5, "p90": 2.0, "p99": 3.0, "p999": 4.0,
+                                                          "mean": 1.6}}}))
+    rates = [10_000, 20_000, 40_000, 0]
+    text = report(tmp_path, {"argv": [], "rates": rates})
+    assert ("| 10,000 msg/s | trimq (ASYNC_FLUSH) | 10,000 | 1.0 | 4.0 | 8.0 | 1.0 / 2.0 / 3.0 = 36.0 | "
+            "0.002 (0.002) | 3 |") in text
+    assert "| 10,000 msg/s | 1.00 | 0.50 | 0.80 | 0.80 | 0.72 | yes | met | met |" in text
+    assert "| 20,000 msg/s | 1.00 | 1.50 | 2.00 | 2.00 | 0.90 | yes | **missed** | **missed** |" in text
+    # 40k is above 0.9 x Redis's 30k flat out: shown, not judged
+    assert "| 40,000 msg/s | 1.38 | 0.50 | 0.80 | 0.80 | 0.80 | no (above 0.9x Redis flat out) | - | - |" in text
+    assert "| flat out | 1.60 (met vs 1.5) |" in text
+    assert "| stored->pulled | 1.50 | 2.00 | 3.00 | 4.00 | 1.60 |" in text
+    lines = ratios_text(tmp_path, rates).splitlines()
+    assert "trimq/redis live at 20,000 msg/s: p50 1.50, p99 2.00, p999 2.00, CPU/msg 0.90" in lines
+    assert lines[-1].endswith("(above 0.9x Redis flat out: outside the targets)")

@@ -14,8 +14,10 @@ newer version wins, whatever the offsets:
 
 :func:`merge_by_commit_version` is the slave's half (its metadata sync, broker/ha/slave_sync.py): it takes every
 entry of its master's table that is newer. :func:`offsets_newer_here` is what the slave then sends its master
-(MERGE_CONSUMER_OFFSET): the queues it changed itself (commits) that are still newer than the master's; the
-master applies them with :func:`merge_by_commit_version` too. A queue both sides have at the same version is no
+(MERGE_CONSUMER_OFFSET): the queues whose version is newer than the master's (only a commit on the slave makes one
+newer: a merge copies versions as they are), and the queues the master does not have that the slave changed itself
+(``local_changes``: so a group the master deleted is not brought back by an old copy); the master applies them with
+:func:`merge_by_commit_version` too. A queue both sides have at the same version is no
 longer a local change of the slave.
 
 The wire form of a table is GET_ALL_CONSUMER_OFFSET's body: ``offsetTable`` (RocketMQ's), plus
@@ -67,7 +69,7 @@ class DecodedTable:
 @dataclass(slots=True)
 class MergeResult:
     """What a merge decided: the queues taken from the remote table (``adopted``), the local ones newer than the
-    remote's that are local changes (``newer_here``: to send to the other side), generations raised."""
+    remote's or, absent there, changed locally (``newer_here``: to send to the other side), generations raised."""
 
     adopted: list[QueueKey] = field(default_factory=list)
     newer_here: list[QueueKey] = field(default_factory=list)
@@ -125,7 +127,9 @@ def merge_tables(local: dict[QueueKey, tuple[int, Version]], remote: dict[QueueK
         l_offset, l_version = mine
         if r_version > l_version or (r_version == l_version and r_offset != l_offset):
             result.adopted.append(q)
-        elif l_version > r_version and q in local_changes:
+        elif l_version > r_version:
+            # Only a commit on this broker makes its version newer (a merge copies versions as they are), so this
+            # is ours to hand over even when it is not marked (this broker restarted since).
             result.newer_here.append(q)
     for q in sorted(local_changes):
         if q in local and q not in remote:

@@ -138,3 +138,17 @@ def test_decode_skips_malformed_entries_and_merge_tables_is_pure() -> None:
     local = {(KEY, 0): (5, (1, 10)), (KEY, 1): (6, (0, 3))}
     result = merge_tables(local, table.entries, {(KEY, 0), (KEY, 1)})
     assert result.adopted == [] and result.newer_here == [(KEY, 0), (KEY, 1)]
+
+
+def test_a_restarted_slave_still_hands_over_its_newer_commits_but_never_revives_a_deleted_group() -> None:
+    master, slave, clock = pair()
+    commit(master, 0, 10)
+    sync(master, slave)
+    clock.ms += 1_000
+    commit(slave, 0, 20)  # while the master is away
+    commit(slave, 5, 1)  # a queue the master does not have
+    slave.local_changes.clear()  # (a restart: what was local is no longer known as such)
+    push = sync(master, slave)
+    assert push is not None and push["offsetTable"] == {KEY: {"0": 20}}  # newer: only a commit here makes it so
+    assert master.query_offset(G, T, 0) == 20 and master.query_offset(G, T, 5) == -1
+

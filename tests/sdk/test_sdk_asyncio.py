@@ -76,7 +76,8 @@ def test_producer_and_consumer_run_in_the_asyncio_loop(trimq_broker: ThreadedClu
             facts.append((threading.get_ident() == main_thread, asyncio.current_task() is not None,
                           sniffio.current_async_library(), REQUEST_ID.get()))
             if len(seen) % 2:
-                await asyncio.sleep(0.001)  # suspends: carried on by the asyncio task, not in trio's step
+                async with asyncio.timeout(5):  # needs its own task: the eager first step runs as that task
+                    await asyncio.sleep(0.001)  # suspends: carried on by the asyncio task, not in trio's step
             seen.append((msg.body, msg.properties.get("__SHARDINGKEY")))
 
         @consumer.on_assigned

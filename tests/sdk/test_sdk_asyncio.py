@@ -108,26 +108,35 @@ def test_producer_and_consumer_run_in_the_asyncio_loop(trimq_broker: ThreadedClu
     assert consumer_offsets == broker_offsets and not locks
 
 
-def test_plain_listener_runs_in_a_worker_thread(trimq_broker: ThreadedCluster) -> None:
-    trimq_broker.create_topic_now("AioPlain", queues=2)
+@pytest.mark.trimq_cluster(brokers=2)
+def test_plain_listener_runs_in_a_worker_thread_and_async_hooks_in_the_loop(trimq_cluster: ThreadedCluster) -> None:
+    trimq_cluster.create_topic_now("AioPlain", queues=2)
     threads: list[int] = []
+    hooks: list[str] = []
 
     async def main() -> None:
-        consumer = PushConsumer(trimq_broker.consumer_config("aio_plain"))
+        consumer = PushConsumer(trimq_cluster.consumer_config("aio_plain"))
         consumer.subscribe("AioPlain")
+
+        async def after(ctx: dict[str, Any]) -> None:
+            await asyncio.sleep(0)
+            hooks.append(sniffio.current_async_library())
+
+        consumer.add_hook(after=after)
 
         def listener(msgs: list[MessageExt], context: Any) -> ConsumeConcurrentlyStatus:
             threads.append(threading.get_ident())
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
         consumer.register_message_listener_concurrently(listener)
-        async with Producer(trimq_broker.producer_config()) as producer, consumer:
-            for i in range(3):
-                await producer.send(Message("AioPlain", b"x%d" % i))
-            await wait_until(lambda: len(threads) >= 3)
+        async with Producer(trimq_cluster.producer_config()) as producer, consumer:
+            brokers = {(await producer.send(Message("AioPlain", b"x%d" % i))).message_queue.broker_name
+                       for i in range(4)}
+            assert brokers == {"broker-a", "broker-b"}
+            await wait_until(lambda: len(hooks) >= 4)
 
     run(main)
-    assert threading.get_ident() not in threads
+    assert len(threads) == 4 and threading.get_ident() not in threads and set(hooks) == {"asyncio"}
 
 
 def test_messages_iterator_retries_a_failed_message_and_commits_on_exit(trimq_broker: ThreadedCluster) -> None:

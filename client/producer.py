@@ -441,6 +441,11 @@ class Producer:
             topic, create_topic_key=cfg.create_topic_key, default_queue_nums=cfg.default_topic_queue_nums
         )
         if info is None:
+            route = client.topic_route_table.get(topic)
+            if route is not None and route.broker_datas:  # HA (issue 15): its brokers are listed, their masters not
+                down = ", ".join(sorted(bd.broker_name for bd in route.broker_datas if not bd.master_addr))
+                raise NoRouteError(topic, f"no broker of it has a master now (down: {down}; their slaves serve reads "
+                                          "but not sends)")
             raise NoRouteError(topic, "the name server does not know it and it cannot be auto-created")
         return info
 

@@ -123,3 +123,56 @@ async def test_only_a_master_delivers_delayed_messages(broker_factory: Callable[
         r = await send(rclient, slave.address, "T", 0, b"later2", DELAY="1")
         assert r.code == ResponseCode.SUCCESS, r.remark
         await until(lambda: slave.schedule_message_service.delivered == 1, "the promoted slave's delivery")
+
+
+async def test_an_ordered_send_to_a_broker_whose_master_is_down_fails_fast_and_no_key_moves(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any]) -> None:
+    from trimq.client.config import ProducerConfig
+    from trimq.client.errors import BrokerNotAvailableError
+    from trimq.client.producer import Producer
+    from trimq.client.selectors import SelectMessageQueueByHash
+    from trimq.protocol.message import Message
+    from trimq.protocol.message_queue import MessageQueue
+
+    async with namesrv_factory() as ns, trio.open_nursery() as nursery:
+        common = {"namesrv_addr": ns.address}
+        stop_a, a_stopped = trio.Event(), trio.Event()
+        a: Broker = await nursery.start(run_broker, broker_factory, {"broker_name": "broker-a", **common}, stop_a,
+                                        a_stopped)
+        await nursery.start(run_broker, broker_factory,
+                            {"broker_name": "broker-a", "broker_role": "SLAVE", "broker_id": 1, **common}, trio.Event())
+        b: Broker = await nursery.start(run_broker, broker_factory, {"broker_name": "broker-b", **common},
+                                        trio.Event())
+        async with Producer(ProducerConfig(namesrv_addr=ns.address, producer_group="ordered")) as producer:
+            assert producer.instance is not None
+            for broker in (a, b):
+                await producer.instance.api.create_topic(broker.address, "T", read_queue_nums=2, write_queue_nums=2)
+            await until(lambda: ns.routes.pickup_topic_route_data("T") is not None and
+                        len(ns.routes.pickup_topic_route_data("T").queue_datas) == 2, "both brokers routed")
+            selector = SelectMessageQueueByHash()
+            mqs = await producer.message_queues("T")
+            keys = {selector(mqs, None, f"k{i}").broker_name: f"k{i}" for i in range(20)}
+            for key in keys.values():
+                await producer.send(Message("T", b"x"), selector=selector, arg=key)
+            stop_a.set()
+            await a_stopped.wait()
+            client = producer.instance
+            await until(lambda: 0 not in client.broker_addr_table.get("broker-a", {0: ""}), "the route refreshed")
+            with trio.fail_after(5):  # (a guard, not a timing assertion: without the fix it waits, then moves keys)
+                a0 = MessageQueue("T", "broker-a", 0)
+                for attempt in (lambda: producer.send(Message("T", b"y"), message_queue=a0),
+                                lambda: producer.send(Message("T", b"y"), selector=selector, arg=keys["broker-a"])):
+                    try:
+                        await attempt()
+                    except BrokerNotAvailableError as exc:
+                        assert "master is down" in str(exc)
+                    else:
+                        raise AssertionError("an ordered send to broker-a went through without its master")
+            # the keys of broker-b keep their queue; the selector still sees broker-a's queues
+            assert await producer.message_queues("T") == mqs
+            r = await producer.send(Message("T", b"z"), selector=selector, arg=keys["broker-b"])
+            assert r.message_queue == selector(mqs, None, keys["broker-b"])
+            # an unordered send goes to broker-b
+            r = await producer.send(Message("T", b"u"))
+            assert r.message_queue.broker_name == "broker-b"
+        nursery.cancel_scope.cancel()

@@ -154,6 +154,16 @@ def test_render_consumer_progress() -> None:
     ]
 
 
+def test_render_consumer_status_says_why_orderly_queues_pause_while_their_master_is_down() -> None:
+    mq = {"topic": "Orders", "brokerName": "broker-a", "queueId": 1}
+    doc = {"consumerGroup": "orders", "errors": [], "clients": [{
+        "clientId": "c1", "consumeOrderly": True, "messageModel": "CLUSTERING", "running": True, "inFlight": 0,
+        "deadLettered": 0, "skipped": 0, "lockedQueues": [], "mqTable": [], "pull": {"pausedMasterDown": [mq]}}]}
+    text = fmt.render_consumer_status(doc, now_ms=NOW)
+    assert "paused orderly queues: the master of their broker is down" in text
+    assert "Orders@broker-a:1" in text.splitlines()[-1]
+
+
 def test_render_consumer_status_blocked_queue() -> None:
     mq = {"topic": "Orders", "brokerName": "broker-a", "queueId": 1}
     doc = {"consumerGroup": "orders", "errors": [], "clients": [{

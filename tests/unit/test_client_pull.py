@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from trimq.client.api import PullResult, PullStatus, process_pull_messages
 from trimq.client.config import PushConsumerConfig
@@ -21,7 +22,7 @@ from trimq.protocol.codes import ResponseCode
 from trimq.protocol.message import MessageConst, MessageExt, encode_properties
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.record import encode_record, iter_records
-from trimq.runtime.client import RemotingTimeoutError
+from trimq.runtime.client import RemotingConnectError, RemotingTimeoutError
 
 G, T = "g1", "TopicA"
 MQ = MessageQueue(T, "broker-a", 0)
@@ -216,6 +217,67 @@ async def test_orderly_pulls_only_while_locked_and_rereads_offset_first(autojump
     client.api.results = [found(5, 4)]
     await ps.pull_once(pr)
     assert client.api.calls[1]["queue_offset"] == 4  # re-read only once
+
+
+class HAFakeClient(FakeClient):
+    """A client with a master ("m:1") and a slave ("s:1") for broker-a (issue 15)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down: set[str] = set()
+        self.failures: list[str] = []
+
+    def find_broker_addr_in_subscribe(self, broker_name: str, broker_id: int = 0) -> tuple[str, int] | None:
+        order = [(a, b) for a, b in (("m:1", 0), ("s:1", 1)) if b == broker_id] + [("m:1", 0), ("s:1", 1)]
+        return next(((a, b) for a, b in order if a not in self.down), order[0])
+
+    async def find_broker_addr_for_read(self, broker_name: str, broker_id: int = 0,
+                                        topic: str | None = None) -> tuple[str, int] | None:
+        return self.find_broker_addr_in_subscribe(broker_name, broker_id)
+
+    def note_failure(self, addr: str, exc: BaseException) -> None:
+        self.failures.append(addr)
+        self.down.add(addr)
+
+    def master_down(self, broker_name: str) -> bool:
+        return "m:1" in self.down
+
+
+async def test_a_pull_that_cannot_reach_the_master_goes_to_the_slave_at_once(autojump_clock: Any) -> None:
+    ps, rb, _client, _store, _rec, pr = setup()
+    client = HAFakeClient()
+    ps.client = rb.client = client  # type: ignore[assignment]
+    client.api.results = [RemotingConnectError("connection refused"), found(7, 5, 6),
+                          PullResult(PullStatus.NO_NEW_MSG, 7, 0, 7, suggest_which_broker_id=0)]
+    assert await ps.pull_once(pr) == 0.0  # no 3 s pause: the slave is listed
+    assert client.failures == ["m:1"]
+    await ps.pull_once(pr)
+    assert pr.next_offset == 7 and ps.stats["from_slave"] == 1
+    # the slave suggests the master (0): once it is back, reads return to it
+    client.down.clear()
+    await ps.pull_once(pr)
+    assert ps.stats["from_slave"] == 1 and MQ not in ps.pull_from_which_node
+    # a suggestion to read from broker id 1 is followed until another answer says otherwise
+    client.api.results = [PullResult(PullStatus.NO_NEW_MSG, 7, 0, 7, suggest_which_broker_id=1),
+                          PullResult(PullStatus.NO_NEW_MSG, 7, 0, 7)]
+    await ps.pull_once(pr)
+    assert ps.pull_from_which_node[MQ] == 1
+    await ps.pull_once(pr)
+    assert ps.stats["from_slave"] == 2
+
+
+async def test_orderly_queues_of_a_broker_whose_master_is_down_pause_visibly(autojump_clock: Any) -> None:
+    ps, rb, _client, _store, _rec, pr = setup(orderly=True)
+    client = HAFakeClient()
+    ps.client = rb.client = client  # type: ignore[assignment]
+    client.down.add("m:1")
+    with capture_logs() as logs:
+        assert await ps.pull_once(pr) == 1.0
+    assert client.api.calls == [] and ps.stats["paused_master_down"] == 1
+    assert ps.info()["pausedMasterDown"] == [MQ.to_wire()]
+    assert [e["event"] for e in logs] == ["pull.orderly_paused_master_down"]
+    client.down.clear()  # back (not locked yet: the ordinary wait)
+    assert await ps.pull_once(pr) == 3.0 and ps.info()["pausedMasterDown"] == []
 
 
 async def test_dropped_queue_stops_the_loop(autojump_clock: Any) -> None:

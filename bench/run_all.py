@@ -20,6 +20,10 @@
 5. The SDK on asyncio against the SDK on trio (``bench.sdk_loops``, issue 18): the consumer process's CPU per
    message at a paced 20k msg/s, live, with the peer workload's consumer settings and with the SDK's defaults
    (target: asyncio <= 1.2x trio); ``--no-sdk-loops`` skips it.
+7. Order per key (``bench.key_scope``, issue 17; run before the audit benchmark): an orderly group of two
+   consumers with a 10 ms listener (and a 1 ms CPU-burning one) in queue scope and in key scope, and the Redis
+   Streams peer with the same listener: msg/s, the key/queue ratio, p99, per-key order violations;
+   ``--no-key-scope`` skips it.
 6. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
    (``bench.audit_reference``) on a generated store of ``--spark-messages`` messages (default 10M, about
    4.3 GB of disk and several minutes; ``--no-spark`` skips it).
@@ -207,6 +211,9 @@ def report(results: Path, meta: dict[str, Any]) -> str:
         add("")
     lines.extend(ha_report(load(results, "ha.json")))
     lines.extend(sdk_loops_report(load(results, "sdk-loops.json")))
+    from bench.key_scope import report_lines as key_scope_report  # imports the harness: main checked it is there
+
+    lines.extend(key_scope_report(load(results, "key_scope.json")))
     cost = load(results, "takeover-cost.json")
     if cost:
         add(f"Lease renewals: {cost.get('clients')} client ids x {cost.get('queues_per_client')} queues over "
@@ -432,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
     results = Path(args.results)
+    p.add_argument("--no-key-scope", action="store_true", help="skip bench.key_scope (order per key, issue 17)")
     results.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     meta: dict[str, Any] = {"argv": argv if argv is not None else sys.argv[1:],
@@ -501,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, meta)
     (results / "REPORT.md").write_text(text + "\n")
     summary = {"meta": meta, "ratios": ratios_text(results, rates)}
+        rc = 1
+    if not args.no_key_scope and run_step("key scope vs queue scope", py("bench.key_scope", "--results",
+                                                                          str(results)), timeout=1500) != 0:
     for f in sorted(results.glob("*.json")):
         if f.name not in ("summary.json",):
             summary[f.stem] = {k: v for k, v in (load(results, f.name) or {}).items() if k != "runs"} \

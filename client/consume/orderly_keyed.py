@@ -125,11 +125,9 @@ class ConsumeMessageKeyedService(ConsumeMessageOrderlyService):
 
     def _init_state(self) -> None:
         super()._init_state()
-        n = self.config.max_in_flight_keys
-        # Keys under way (a batch taken until it is committed, suspensions excluded), over all queues; the listener
-        # calls are held to the same number (a plain-def listener also to the invoker's consume_thread_max threads).
-        self.key_slots = trio.CapacityLimiter(n)
-        self.limiter = trio.CapacityLimiter(n)
+        # Keys under way (a batch taken until it is committed, suspensions excluded), over all queues: what bounds
+        # the listener calls (a plain-def listener is also held to the invoker's consume_thread_max threads).
+        self.key_slots = trio.CapacityLimiter(self.config.max_in_flight_keys)
         self._runs: dict[int, tuple[ProcessQueue, _QueueRun]] = {}
         self.blocked_keys: dict[tuple[MessageQueue, str], BlockedKey] = {}
         self._key_rate = RateLimiter(BLOCKED_KEY_LOG_INTERVAL_MS)
@@ -219,7 +217,10 @@ class ConsumeMessageKeyedService(ConsumeMessageOrderlyService):
                 await run.changed.wait()
                 continue
             token = object()
-            await self.key_slots.acquire_on_behalf_of(token)
+            try:
+                self.key_slots.acquire_on_behalf_of_nowait(token)  # no scheduling round when a slot is free
+            except trio.WouldBlock:
+                await self.key_slots.acquire_on_behalf_of(token)
             turn = backlog.take(batch) if not (pq.dropped or self.stopping) else None
             if turn is None:
                 self.key_slots.release_on_behalf_of(token)
@@ -236,13 +237,37 @@ class ConsumeMessageKeyedService(ConsumeMessageOrderlyService):
     async def _key_task(self, pq: ProcessQueue, mq: MessageQueue, run: _QueueRun, backlog: KeyBacklog,
                         turn: KeyTurn, token: object) -> None:
         """One key's turn: its batch in the listener until it is consumed or dead-lettered (retried after each
-        suspension, without a slot meanwhile), or given back when the queue can no longer be consumed."""
+        suspension, without a slot meanwhile), or given back when the queue can no longer be consumed. Then, while
+        its slot is wanted by no other queue (nobody waits for one) and the dispatcher still runs, the task goes on
+        with the next ready key of its queue itself: no new task, no dispatcher round per message."""
+        batch = self.config.consume_message_batch_max_size
+        # One cancel scope for the task, not one per listener call (trio's cost tens of µs each): it is in
+        # ``_listening`` only while the listener runs, so the shutdown's seal cancels a listener call under way and
+        # never result processing; a cancelled call ends the task, its batch uncommitted.
+        scope = trio.CancelScope()
+        try:
+            with scope:
+                await self._key_turns(pq, mq, run, backlog, turn, token, scope, batch)
+            if scope.cancelled_caught and self.sealed:
+                self.dropped_results += 1
+        finally:
+            run.tasks -= 1
+            run.poke()
+
+    async def _key_turns(self, pq: ProcessQueue, mq: MessageQueue, run: _QueueRun, backlog: KeyBacklog,
+                         turn: KeyTurn, token: object, scope: trio.CancelScope, batch: int) -> None:
         held_slot = True
         try:
             while True:
-                outcome, delay_ms = await self._consume_turn(pq, mq, turn)
+                outcome, delay_ms = await self._consume_turn(pq, mq, turn, scope)
                 if outcome == _DONE:
                     backlog.finish(turn)
+                    if (run.requested and not run.halt.is_set() and not self.stopping and not pq.dropped
+                            and not self.key_slots.statistics().tasks_waiting):
+                        nxt = backlog.take(batch)
+                        if nxt is not None:
+                            turn = nxt
+                            continue
                     return
                 if outcome == _RELEASE:
                     backlog.release(turn)
@@ -261,10 +286,24 @@ class ConsumeMessageKeyedService(ConsumeMessageOrderlyService):
         finally:
             if held_slot:
                 self.key_slots.release_on_behalf_of(token)
-            run.tasks -= 1
-            run.poke()
 
-    async def _consume_turn(self, pq: ProcessQueue, mq: MessageQueue, turn: KeyTurn) -> tuple[str, int]:
+    async def _listen(self, scope: trio.CancelScope, msgs: list[MessageExt], context: ConsumeOrderlyContext,
+                      before: Any) -> Any:
+        """ConsumeServiceBase.call_listener with the key task's cancel scope; no limiter (the key slots bound the
+        calls). None when the service is stopping."""
+        if self.stopping:
+            return None
+        await before()
+        self._listening.add(scope)
+        self._notify()
+        try:
+            return await self.invoker.invoke(msgs, context)
+        finally:
+            self._listening.discard(scope)
+            self._notify()
+
+    async def _consume_turn(self, pq: ProcessQueue, mq: MessageQueue, turn: KeyTurn,
+                            scope: trio.CancelScope) -> tuple[str, int]:
         """One listener call on a key's batch and its result: (DONE | RETRY | RELEASE, suspend ms)."""
         lock = self.rebalance.consume_lock(pq) if self.rebalance is not None else None
         if lock is not None and not isinstance(lock, ConsumeLock):
@@ -290,7 +329,7 @@ class ConsumeMessageKeyedService(ConsumeMessageOrderlyService):
 
             reset_retry_and_namespace(msgs, self.consumer_group)
             try:
-                outcome = await self.call_listener(msgs, context, before)
+                outcome = await self._listen(scope, msgs, context, before)
             except _LockLapsed:
                 log.warning("consume.queue_lock_expired", group=self.consumer_group, mq=str(mq))
                 return _RELEASE, 0  # the dispatcher sees the lapsed lock and re-locks the queue

@@ -460,3 +460,23 @@ async def test_shutdown_ends_suspensions_and_commits_nothing_failed(autojump_clo
     assert offsets.updates == [0] and rec.done == {1}
     api = svc.send_back.client.api if svc.send_back is not None else None
     assert isinstance(api, FakeApi) and api.send_backs == []
+
+
+async def test_seal_abandons_a_hung_listener_call_and_commits_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    async def hang(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> S:
+        if message_key(msgs[0]) == "hung":
+            await trio.sleep_forever()
+        return S.SUCCESS
+
+    offsets = CheckedOffsets({1})
+    svc = make_service(hang, offsets)
+    pq = new_pq(svc)
+    async with trio.open_nursery() as nursery:
+        svc.bind(nursery)
+        feed(svc, pq, [msg(0, "hung"), msg(1, "ok")])
+        await trio.sleep(1)
+        assert svc.in_flight == 1
+        assert not await svc.drain(timeout_s=2)  # the hung call is cancelled at the seal
+        await trio.sleep(0.1)
+        assert svc.in_flight == 0 and svc.dropped_results == 1
+    assert offsets.updates == [0]  # offset 1 completed, the prefix stays at the hung message

@@ -1,4 +1,4 @@
-"""PushConsumer: the public push consumer (RocketMQ's DefaultMQPushConsumer) on trio.
+"""PushConsumer: the public push consumer (RocketMQ's DefaultMQPushConsumer), on trio and on asyncio.
 
 ::
 
@@ -8,8 +8,9 @@
     async with consumer:
         ...                                                   # consuming until the block ends
 
-A listener is ``listener(msgs, context) -> status``: ``async def`` runs as a trio task, a plain function in a
-worker thread; at most ``consume_thread_max`` run at once. An exception or ``None`` counts as SUSPEND
+A listener is ``listener(msgs, context) -> status``: ``async def`` runs as a task of the consumer's loop (trio;
+asyncio when the consumer was entered from asyncio), a plain function in a worker thread; at most
+``consume_thread_max`` run at once. An exception or ``None`` counts as SUSPEND
 (orderly) / RECONSUME_LATER (concurrently). See client.consume.orderly and client.consume.concurrently for
 the exact semantics, client.metrics for the metrics.
 
@@ -19,6 +20,8 @@ least 10 s, since an abandoned orderly batch would run beside its next owner's) 
 committed, while failures are neither sent back nor committed; then offsets are persisted, the queues'
 broker locks released at once and the group left, so the other members take over within a second (the
 broker notifies them). No message is both sent back and left uncommitted by a shutdown (RocketMQ #7182).
+Leaving by cancellation is graceful too: the client instance runs in a task of its own, shielded, until the
+leave is done.
 
 The Pythonic surface, over RocketMQ's (whose names stay):
 
@@ -352,8 +355,8 @@ class PushConsumer:
     def on_assigned(self, fn: F) -> F:
         """Call ``fn(queues)`` (sorted :class:`MessageQueue` list) after a rebalance gave this consumer queues of
         its subscribed topics: pulling them has started (orderly: their broker locks are held). A plain or an
-        ``async def`` function (asyncio code when the consumer runs under asyncio); use as a decorator. An
-        exception is logged. Allowed before or after the start."""
+        ``async def`` function (asyncio code when the consumer runs under asyncio); use as a decorator. It runs
+        in the rebalance task (keep it short). An exception is logged. Allowed before or after the start."""
         if not callable(fn):
             raise TypeError(f"on_assigned needs a callable, got {fn!r}")
         self._on_assigned.append(fn)

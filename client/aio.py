@@ -213,7 +213,9 @@ class GuestHost:
         self.finished: asyncio.Future[None] = loop.create_future()
         self._nursery: trio.Nursery | None = None
         self._stop: trio.Event | None = None
-        self._entered: set[_Entered] = set()
+        self._entered: list[_Entered] = []
+        """Objects entered and not yet exited through :meth:`exit` (also those whose block already failed: their
+        error is raised by :meth:`exit`)."""
 
     # --- the guest run --------------------------------------------------------------------------------
 
@@ -293,26 +295,30 @@ class GuestHost:
                     raise
             else:
                 _settle(entry.exited)
-            finally:
-                self._entered.discard(entry)
 
-        self._entered.add(entry)
         self._nursery_or_raise().start_soon(hold, name=f"trimq.aio.enter({type(obj).__name__})")
+        self._entered.append(entry)
         try:
             return await asyncio.shield(entry.entered)
         except asyncio.CancelledError:
+            self._entered.remove(entry)
             entry.exit_requested.set()
             try:
                 await _uncancellable(entry.exited)
             except Exception:
                 pass
             raise
+        except BaseException:  # __aenter__ failed: nothing to exit
+            self._entered.remove(entry)
+            raise
 
     async def exit(self, obj: Any) -> None:
-        """Leave the ``async with`` of ``obj`` (its graceful shutdown) and wait for it, even if cancelled."""
+        """Leave the ``async with`` of ``obj`` (its graceful shutdown) and wait for it, even if cancelled; raises
+        what its ``__aexit__`` raised, or what ended its block earlier (a failure of its background tasks)."""
         entry = next((e for e in self._entered if e.obj is obj), None)
         if entry is None:
             return
+        self._entered.remove(entry)
         entry.exit_requested.set()
         await _uncancellable(entry.exited)
 

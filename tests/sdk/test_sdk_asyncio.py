@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import pytest
@@ -235,9 +236,28 @@ def test_one_guest_run_per_loop_shared_and_restarted() -> None:
             await p1.send(Message("T", b"x"))
         async with Producer(_config()):
             assert client_aio._HOSTS[asyncio.get_running_loop()] is not host
+        # a failure of an entered object's own tasks ends its block in trio; it is raised when asyncio leaves
+        with pytest.raises(ExceptionGroup) as failed:
+            async with client_aio.trio_context(failing_service()) as value:
+                assert value == "serving"
+                await asyncio.sleep(0.05)
+        assert failed.group_contains(ValueError, match="boom")
 
     run(main)
     run(main)  # a second loop, after the first one closed
+
+
+@asynccontextmanager
+async def failing_service() -> AsyncIterator[str]:
+    import trio
+
+    async def boom() -> None:
+        await trio.sleep(0.01)
+        raise ValueError("boom")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(boom)
+        yield "serving"
 
 
 def _config() -> Any:

@@ -212,6 +212,15 @@ async def _produce_trio(args: argparse.Namespace, work: list[tuple[int, str, int
 
 # ---------------------------------------------------------------------------------------------- redis roles
 
+def _redis_module(args: argparse.Namespace) -> Any:
+    """The harness's peer_redis, on this run's own port (another benchmark may use its fixed one meanwhile)."""
+    import peer_redis
+
+    if args.redis_port:
+        peer_redis.PORT = args.redis_port
+    return peer_redis
+
+
 def role_redis_consume(args: argparse.Namespace) -> None:
     queues = common.owned_queues(args.cid, CONSUMERS, QUEUES)
     wargs = workload_args(args, args.messages)
@@ -225,9 +234,9 @@ def role_redis_consume(args: argparse.Namespace) -> None:
 
 
 async def _redis_consume(args: argparse.Namespace, queues: list[int], rec: Any) -> None:
-    import peer_redis  # the harness's
     import redis.asyncio as aioredis
 
+    peer_redis = _redis_module(args)
     r = aioredis.Redis(host=peer_redis.HOST, port=peer_redis.PORT, decode_responses=False)
     name = f"c{args.cid}"
 
@@ -259,8 +268,7 @@ async def _redis_consume(args: argparse.Namespace, queues: list[int], rec: Any) 
 
 
 def role_redis_produce(args: argparse.Namespace) -> None:
-    import peer_redis
-
+    peer_redis = _redis_module(args)
     wargs = workload_args(args, args.messages)
     res = asyncio.run(peer_redis.produce(wargs, common.gen_workload(wargs), common.PayloadMaker(wargs)))
     common.write_json(os.path.join(args.outdir, "producer.json"), res)
@@ -367,12 +375,13 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
     srv = None
     try:
         if system == "redis":
-            import peer_redis
-
+            args.redis_port = args.redis_port or _free_port()
+            peer_redis = _redis_module(args)
             wargs = workload_args(args, messages)
             srv = peer_redis.start_server(os.path.join(outdir, "redis"), wargs)
             asyncio.run(peer_redis.setup(wargs))
-            common_flags = ["--messages", str(messages), "--listener", listener]
+            common_flags = ["--messages", str(messages), "--listener", listener, "--redis-port",
+                            str(args.redis_port)]
             procs = [_spawn(args, "redis-consume", outdir, ["--cid", str(c), *common_flags]) for c in range(CONSUMERS)]
             if not _wait_ready(outdir, procs):
                 raise RuntimeError("redis consumers did not start")
@@ -489,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-in-flight-keys", type=int, default=0)
     p.add_argument("--messages", type=int, default=6000)
     p.add_argument("--pull-batch", type=int, default=128, help="consumer pull_batch_size")
+    p.add_argument("--redis-port", type=int, default=0, help="Redis rows: port (0: a free one)")
     p.add_argument("--deadline-s", type=float, default=180.0)
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every row's message count")
     p.add_argument("--rows", default=",".join(ROWS), help="rows to run, comma-separated")

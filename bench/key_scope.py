@@ -17,15 +17,18 @@ Rows (each a fresh topic and group on one ``trimq-broker --embedded-namesrv``, A
 * ``queue-sleep10``: ``order_scope="queue"`` (RocketMQ's orderly consumer): one message of a queue at a time,
   so 8 queues x 100 msg/s at best;
 * ``key-sleep10-128``: ``order_scope="key"``, ``max_in_flight_keys=128`` per consumer (the issue's target: >= 20x
-  queue scope); ``key-sleep10-default``: the default ``max_in_flight_keys`` (64); ``key-sleep10-sync``: a plain
+  queue scope); ``key-sleep10-128-backlog``: the same consumers draining what the producer stored before they
+  started (no producer competing for the CPU; its latency is the backlog's); ``key-sleep10-default``: the default
+  ``max_in_flight_keys`` (64); ``key-sleep10-sync``: a plain
   ``def`` listener with the defaults (``consume_thread_max`` 20 threads: at most ~5x);
 * ``queue-burn1`` / ``key-burn1``: the CPU-bound listener in both scopes;
 * ``redis-sleep10`` / ``redis-burn1``: Redis Streams (the harness's server and producer, AOF everysec) with the
   same listener: each consumer reads each of its 4 streams in its own asyncio task (XREADGROUP, the listener
   per message, XACK per batch) — per-stream order, Redis's equivalent of queue scope.
 
-The producer sends flat out (live mode: consumers ready first), so the queue-scope rows build a backlog: their
-latency is mostly waiting in it. Reported per row: consume msg/s (received / (last - first receive)), p50/p99
+The producer sends flat out (live mode: consumers ready first, pulling from the moment the whole group holds its
+queues), so the queue-scope rows build a backlog: their latency is mostly waiting in it. Reported per row: consume
+msg/s (received / (last - first receive)), p50/p99
 end-to-end latency (send timestamp to listener done), per-key order violations (must be 0), lost and duplicated
 messages, and the ratio to ``queue-sleep10``. ``bench/results/key_scope.json``; the first printed line sums up.
 """
@@ -53,16 +56,17 @@ QUEUES = 8
 KEYS = 1000
 CONSUMERS = 2
 
-#: name -> (system, scope, listener, max_in_flight_keys or None for the default, messages at --scale 1)
-ROWS: dict[str, tuple[str, str, str, int | None, int]] = {
-    "queue-sleep10": ("trimq", "queue", "sleep10", None, 6_000),
-    "key-sleep10-128": ("trimq", "key", "sleep10", 128, 40_000),
-    "key-sleep10-default": ("trimq", "key", "sleep10", None, 30_000),
-    "key-sleep10-sync": ("trimq", "key", "sleep10-sync", None, 20_000),
-    "queue-burn1": ("trimq", "queue", "burn1", None, 6_000),
-    "key-burn1": ("trimq", "key", "burn1", 128, 6_000),
-    "redis-sleep10": ("redis", "stream", "sleep10", None, 6_000),
-    "redis-burn1": ("redis", "stream", "burn1", None, 6_000),
+#: name -> (system, scope, listener, max_in_flight_keys or None for the default, messages at --scale 1, mode)
+ROWS: dict[str, tuple[str, str, str, int | None, int, str]] = {
+    "queue-sleep10": ("trimq", "queue", "sleep10", None, 6_000, "live"),
+    "key-sleep10-128": ("trimq", "key", "sleep10", 128, 40_000, "live"),
+    "key-sleep10-128-backlog": ("trimq", "key", "sleep10", 128, 40_000, "backlog"),
+    "key-sleep10-default": ("trimq", "key", "sleep10", None, 30_000, "live"),
+    "key-sleep10-sync": ("trimq", "key", "sleep10-sync", None, 20_000, "live"),
+    "queue-burn1": ("trimq", "queue", "burn1", None, 6_000, "live"),
+    "key-burn1": ("trimq", "key", "burn1", 128, 6_000, "live"),
+    "redis-sleep10": ("redis", "stream", "sleep10", None, 6_000, "live"),
+    "redis-burn1": ("redis", "stream", "burn1", None, 6_000, "live"),
 }
 
 
@@ -131,10 +135,19 @@ async def _consume_trio(args: argparse.Namespace, rec: Any, per_queue: dict[int,
         kw["max_in_flight_keys"] = args.max_in_flight_keys
     cfg = PushConsumerConfig(consumer_group=args.group, namesrv_addr=args.namesrv, instance_name=f"c{args.cid}",
                              consume_from_where="CONSUME_FROM_FIRST_OFFSET", order_scope=args.scope,
-                             pull_batch_size=args.pull_batch, consume_message_batch_max_size=1, **kw)
+                             pull_batch_size=args.pull_batch, consume_message_batch_max_size=1,
+                             pull_time_delay_mills_when_suspend=10, **kw)  # resume promptly after the start
     consumer = PushConsumer(cfg)
     consumer.subscribe(args.topic, "*")
     on_message = rec.on_message
+
+    async def pause_early() -> None:
+        # Pull nothing before the whole group holds its queues (a backlog would otherwise go to the first member,
+        # then move): as bench.peer_trimq does.
+        while consumer.core is None:
+            await trio.sleep(0)
+        consumer.suspend()
+
     ok = ConsumeOrderlyStatus.SUCCESS
     if args.listener == "sleep10":
         async def listener(msgs: list[Any], context: Any) -> Any:
@@ -159,26 +172,41 @@ async def _consume_trio(args: argparse.Namespace, rec: Any, per_queue: dict[int,
         return sorted(mq.queue_id for mq, pq in consumer.process_queue_table().items()
                       if mq.topic == args.topic and pq.locked)
 
-    async with consumer:
-        assert consumer.core is not None and consumer.instance is not None
-        share = QUEUES // CONSUMERS
-        with trio.move_on_after(60):
-            while True:
-                ids = await consumer.instance.find_consumer_id_list(args.topic, args.group) or []
-                if len(ids) >= CONSUMERS and len(held()) == share:
-                    break
-                await trio.sleep(0.02)
-        queues = held()
-        info["queues"] = queues
-        rec.expected = sum(per_queue.get(q, 0) for q in queues)
-        common.touch(os.path.join(args.outdir, f"c{args.cid}.ready"))
-        end = time.monotonic() + args.deadline_s
-        while time.monotonic() < end and not rec.done:
-            await trio.sleep(0.02)
-            if rec.received and time.monotonic() - rec.last_activity > 15:
-                info["stopped"] = "idle"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pause_early)
+        async with consumer:
+            await _consume_steady(args, consumer, rec, per_queue, info, held)
+        nursery.cancel_scope.cancel()
+
+
+async def _consume_steady(args: argparse.Namespace, consumer: Any, rec: Any, per_queue: dict[int, int],
+                          info: dict[str, Any], held: Any) -> None:
+    import trio
+
+    assert consumer.core is not None and consumer.instance is not None
+    share = QUEUES // CONSUMERS
+    with trio.move_on_after(60):
+        while True:
+            ids = await consumer.instance.find_consumer_id_list(args.topic, args.group) or []
+            if len(ids) >= CONSUMERS and len(held()) == share:
                 break
-        info["pull"] = dict(consumer.core.pull_service.stats)
+            await trio.sleep(0.02)
+    queues = held()
+    info["queues"] = queues
+    rec.expected = sum(per_queue.get(q, 0) for q in queues)
+    common.touch(os.path.join(args.outdir, f"c{args.cid}.ready"))
+    until = time.monotonic() + 30
+    while time.monotonic() < until and not all(
+            os.path.exists(os.path.join(args.outdir, f"c{c}.ready")) for c in range(CONSUMERS)):
+        await trio.sleep(0.005)
+    consumer.resume()
+    end = time.monotonic() + args.deadline_s
+    while time.monotonic() < end and not rec.done:
+        await trio.sleep(0.02)
+        if rec.received and time.monotonic() - rec.last_activity > 15:
+            info["stopped"] = "idle"
+            break
+    info["pull"] = dict(consumer.core.pull_service.stats)
 
 
 def role_produce(args: argparse.Namespace) -> None:
@@ -364,13 +392,13 @@ def _trimq_setup(namesrv: str, topic: str) -> None:
 
 
 def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | None) -> dict[str, Any]:
-    system, scope, listener, mifk, base = ROWS[name]
+    system, scope, listener, mifk, base, mode = ROWS[name]
     messages = max(1000, int(base * args.scale))
     outdir = os.path.join(workroot, name)
     shutil.rmtree(outdir, ignore_errors=True)
     os.makedirs(outdir)
     row: dict[str, Any] = {"row": name, "system": system, "scope": scope, "listener": listener,
-                           "max_in_flight_keys": mifk}
+                           "max_in_flight_keys": mifk, "mode": mode}
     procs: list[subprocess.Popen[bytes]] = []
     srv = None
     try:
@@ -399,12 +427,17 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
             cflags = [*flags, "--scope", scope, "--listener", listener, "--pull-batch", str(args.pull_batch)]
             if mifk:
                 cflags += ["--max-in-flight-keys", str(mifk)]
+            if mode == "backlog":  # everything stored first; the consumers start after the producer
+                prod = _spawn(args, "produce", outdir, flags)
+                row["producer_rc"] = _stop(prod, args.deadline_s + 60)
             procs = [_spawn(args, "consume", outdir, ["--cid", str(c), *cflags]) for c in range(CONSUMERS)]
             if not _wait_ready(outdir, procs):
                 raise RuntimeError("trimq consumers did not become ready")
-            prod = _spawn(args, "produce", outdir, flags)
-        procs.append(prod)
-        row["producer_rc"] = _stop(prod, args.deadline_s + 60)
+            if mode != "backlog":
+                prod = _spawn(args, "produce", outdir, flags)
+        if mode != "backlog":
+            procs.append(prod)
+            row["producer_rc"] = _stop(prod, args.deadline_s + 60)
         row["consumer_rc"] = [_stop(p, args.deadline_s + 60) for p in procs[:CONSUMERS]]
     except Exception as exc:
         row["error"] = repr(exc)
@@ -444,6 +477,7 @@ def start_broker(workdir: str) -> tuple[Any, str]:
 LABELS = {
     "queue-sleep10": "trimq, queue scope, async 10 ms",
     "key-sleep10-128": "trimq, key scope, async 10 ms, max_in_flight_keys 128",
+    "key-sleep10-128-backlog": "trimq, key scope, async 10 ms, max_in_flight_keys 128, draining a backlog",
     "key-sleep10-default": "trimq, key scope, async 10 ms, defaults (64 keys)",
     "key-sleep10-sync": "trimq, key scope, def 10 ms, defaults (20 threads)",
     "queue-burn1": "trimq, queue scope, 1 ms CPU",
@@ -480,7 +514,8 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
         return f"{v / base:.1f}x" if v and base else "-"
 
     return (f"key_scope: queue scope {base} msg/s with a 10 ms listener; key scope (max_in_flight_keys 128) "
-            f"{ratio('key-sleep10-128')}, defaults {ratio('key-sleep10-default')}, sync defaults "
+            f"{ratio('key-sleep10-128')} (draining a backlog {ratio('key-sleep10-128-backlog')}), defaults "
+            f"{ratio('key-sleep10-default')}, sync defaults "
             f"{ratio('key-sleep10-sync')}; violations {sum(r.get('violations', 0) for r in rows)}, lost "
             f"{sum(r.get('lost', 0) for r in rows)}")
 

@@ -120,10 +120,10 @@ async def test_consumers_read_from_the_slave_after_the_master_is_sigkilled(procs
             await until(lambda: set(seen_a) == sent, "group A to consume from the master")
             assert a.core is not None
             stats = a.core.pull_service.stats
-            assert stats["from_slave"] == 0
+            before = stats["from_slave"]  # (0 unless a pull could not reach the master: reads go to the master)
             t_kill = trio.current_time()
             await trio.to_thread.run_sync(master.kill)
-            await until(lambda: stats["from_slave"] > 0, "group A pulling from the slave")
+            await until(lambda: stats["from_slave"] > before, "group A pulling from the slave")
             print(f"\nfirst pull sent to the slave {1000 * (trio.current_time() - t_kill):.0f} ms after SIGKILL")
         # 3. group B starts while the master is down: everything from the slave, offsets committed there
         seen_b: list[str] = []

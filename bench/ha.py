@@ -20,7 +20,9 @@ process on loopback; the clients (SDK) run in this process.
    * **consumption from the slave**: T0 -> the first broker-a message consumed after T0 (read from the slave);
    * **sends on another broker**: T0 -> the first acknowledged send started after T0 (it goes to broker-b);
      the longest send call around T0; failed sends;
-   * **duplicates**: messages consumed more than once.
+   * **duplicates**: messages consumed more than once, and of those the **redelivered** ones (one stored message
+     delivered twice); the others were stored twice, by a send retried on another broker after the dead master had
+     stored it but its answer was lost (at-least-once produce, as RocketMQ's).
 
    Targets (issue 15, with a stand-alone name server): each time <= 2 s; 0 acknowledged lost under SYNC_MASTER.
 
@@ -241,7 +243,7 @@ async def failover(role: str, args: argparse.Namespace, workdir: Path) -> dict[s
             await create_topic(client, [master_a.address, master_b.address], 4)
             sends: list[tuple[str, float, float, str, str]] = []  # (id, started, answered, broker, status)
             failed: list[tuple[float, str]] = []
-            consumed: list[tuple[str, float, str]] = []  # (id, when, broker)
+            consumed: list[tuple[str, float, str, int, int]] = []  # (id, when, broker, queue id, queue offset)
             t_kill = [0.0]
             first_slave_pull = [0.0]
             stop_sending = trio.Event()
@@ -250,7 +252,7 @@ async def failover(role: str, args: argparse.Namespace, workdir: Path) -> dict[s
                 now = trio.current_time()
                 broker = context.message_queue.broker_name
                 for m in msgs:
-                    consumed.append((m.body.decode(), now, broker))
+                    consumed.append((m.body.decode(), now, broker, m.queue_id, m.queue_offset))
                 return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
             consumers = []
@@ -290,6 +292,7 @@ async def failover(role: str, args: argparse.Namespace, workdir: Path) -> dict[s
                             return
                         await trio.sleep(0.002)
 
+                await trio.sleep(1.5)  # the group settles on its two members before the first message
                 async with trio.open_nursery() as nursery:
                     for k in range(4):
                         nursery.start_soon(sender, k)
@@ -320,6 +323,10 @@ async def failover(role: str, args: argparse.Namespace, workdir: Path) -> dict[s
         "weaker_status": len(stored - acked),
         "acknowledged_lost": len(acked - seen), "stored_not_consumed": len(stored - seen),
         "duplicates": len(got) - len(seen),
+        # the same stored message delivered twice (a redelivery), vs. a send retried after its answer was lost
+        # (stored twice: at-least-once produce, RocketMQ's too)
+        "redelivered": len(got) - len({(c[2], c[3], c[4]) for c in consumed}),
+        "redelivered_examples": _redelivered(consumed, t0)[:8],
         "first_pull_to_slave_s": round(first_slave_pull[0] - t0, 3) if first_slave_pull[0] else None,
         "consumption_from_slave_s": round(min(after_a) - t0, 3) if after_a else None,
         "consumed_from_slave": len(after_a),
@@ -331,6 +338,15 @@ async def failover(role: str, args: argparse.Namespace, workdir: Path) -> dict[s
     res["target_met"] = all(t is not None and t <= TARGET_S for t in times) and (
         role != "sync_master" or res["acknowledged_lost"] == 0)
     return res
+
+
+def _redelivered(consumed: list[tuple[str, float, str, int, int]], t0: float) -> list[dict[str, Any]]:
+    """The messages delivered more than once: where, and when (s after the kill) each delivery came."""
+    by: dict[tuple[str, int, int], list[float]] = {}
+    for _, when, broker, qid, offset in consumed:
+        by.setdefault((broker, qid, offset), []).append(round(when - t0, 3))
+    return [{"broker": b, "queue_id": q, "offset": o, "delivered_at_s": ts}
+            for (b, q, o), ts in sorted(by.items()) if len(ts) > 1]
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -360,7 +376,7 @@ def summary_line(res: dict[str, Any]) -> str:
     for f in res["failover"]:
         parts.append(f"{f['role']} kill: lost {f['acknowledged_lost']}, slave pull {f['first_pull_to_slave_s']} s, "
                      f"slave consumption {f['consumption_from_slave_s']} s, sends {f['sends_on_other_broker_s']} s, "
-                     f"dup {f['duplicates']}")
+                     f"dup {f['duplicates']} (redelivered {f['redelivered']})")
     return "; ".join(parts)
 
 

@@ -388,12 +388,12 @@ def ha_report(ha: Any) -> list[str]:
         out.append(f"| {names.get(r['mode'], r['mode'])} | {r['msgs_s']:,.0f} | {r.get('ratio_to_single')} | "
                    f"{r['p50_ms']} | {r['p99_ms']} | {lag} |")
     out += ["", "| master SIGKILLed | acknowledged lost | first pull to slave | consumed from slave | "
-            "sends on another broker | longest send | duplicates | targets (<= 2 s; 0 lost under SYNC) |",
+            "sends on another broker | longest send | duplicates (redelivered) | targets (<= 2 s; 0 lost under SYNC) |",
             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for f in ha.get("failover", []):
         out.append(f"| {f['role']} | {f['acknowledged_lost']} | {f['first_pull_to_slave_s']} s | "
                    f"{f['consumption_from_slave_s']} s | {f['sends_on_other_broker_s']} s | "
-                   f"{f['longest_send_around_kill_s']} s | {f['duplicates']} | "
+                   f"{f['longest_send_around_kill_s']} s | {f['duplicates']} ({f.get('redelivered')}) | "
                    f"{'met' if f.get('target_met') else 'NOT met'} |")
     out.append("")
     return out

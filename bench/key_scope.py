@@ -537,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=180.0)
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every row's message count")
     p.add_argument("--rows", default=",".join(ROWS), help="rows to run, comma-separated")
-    p.add_argument("--workroot", default="/tmp/trimq-keyscope-bench")
+    p.add_argument("--workroot", default=f"/tmp/trimq-keyscope-bench-{os.getpid()}",
+                   help="work directory (default: one per run, so two runs never share one)")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
     roles = {"consume": role_consume, "produce": role_produce, "redis-consume": role_redis_consume,

@@ -319,9 +319,12 @@ class Producer:
                 mq = self._select(info, selector, msg, arg)
             if message_queue is not None and mq.topic != msg.topic:
                 raise MQClientError(f"message queue {mq} is not a queue of topic {msg.topic!r}")
-            return await self._send_kernel(client, msg, mq, timeout)
-        return await self._send_with_retries(client, msg.topic, lambda mq, t: self._send_kernel(client, msg, mq, t),
-                                             timeout)
+            return await self._send_kernel(client, msg, mq, timeout, self._uniq_id_of(msg))
+        # One unique key per send, kept by every retry (RocketMQ's setUniqID before sendKernelImpl): a message
+        # stored twice because an answer was lost then shows one id twice, which consumers and the audit can tell.
+        uniq = self._uniq_id_of(msg)
+        return await self._send_with_retries(
+            client, msg.topic, lambda mq, t: self._send_kernel(client, msg, mq, t, uniq), timeout)
 
     async def send_batch(
         self,
@@ -522,11 +525,15 @@ class Producer:
             raise BrokerNotAvailableError(mq.broker_name, f"its master {addr} could not be reached a moment ago")
         return addr
 
-    async def _send_kernel(self, client: ClientInstance, msg: Message, mq: MessageQueue, timeout: int) -> SendResult:
+    def _uniq_id_of(self, msg: Message) -> str:
+        """The message's own UNIQ_KEY, or a new one."""
+        assert self._uniq is not None
+        return msg.properties.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or self._uniq.next_id()
+
+    async def _send_kernel(self, client: ClientInstance, msg: Message, mq: MessageQueue, timeout: int,
+                           uniq: str) -> SendResult:
         addr = await self._broker_addr(client, mq)
         props = msg.all_properties()
-        assert self._uniq is not None
-        uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or self._uniq.next_id()
         props[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq
         reconsume_times = max_reconsume = None
         if is_retry_topic(msg.topic):

@@ -141,6 +141,10 @@ def test_completed_prefix_and_span_flow_control_in_key_scope() -> None:
     assert pq.completed_prefix() is None
     pq.clear()
     assert len(backlog) == 0 and pq.complete([msg(5001, "y")], 0) == -1  # a reset emptied it: nothing to commit
+    # backpressure: a blocked key's waiting messages count in the cache, so the pull pauses as in queue scope
+    small = PushConsumerConfig(consumer_group=G, order_scope="key", pull_threshold_for_queue=100)
+    pq.put_message([msg(o, "stuck") for o in range(10_000, 10_101)])
+    assert flow_control_reason(pq, small, True) == "count"
 
 
 # --- the service ----------------------------------------------------------------------------------------------

@@ -139,8 +139,13 @@ def start_server(workdir: str, args: Any) -> Any:
     from common import Server, wait_port  # the harness's (shared/bench/peers/common.py)
 
     os.makedirs(workdir, exist_ok=True)
-    if not args.trimq_port:
+    if not getattr(args, "trimq_port_fixed", args.trimq_port):
+        # a fresh free port for every run (the child processes get it through args): a port another process
+        # took between the probe and the bind must not fail the next runs too
+        args.trimq_port_fixed = 0
         args.trimq_port = _free_port()
+    else:
+        args.trimq_port_fixed = args.trimq_port
     cmd = [
         *_broker_exe(), "--listen", broker_addr(args), "--store", os.path.join(workdir, "store"),
         "--embedded-namesrv", "--flush", args.trimq_flush, "--log-level", "warning", "--log-format", "json",

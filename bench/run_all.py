@@ -439,10 +439,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-ha", action="store_true", help="skip bench.ha (master/slave replication, failover)")
     p.add_argument("--no-sdk-loops", action="store_true", help="skip bench.sdk_loops (asyncio vs trio consumer CPU)")
     p.add_argument("--no-variants", action="store_true", help="skip the pull_interval 20 ms trimq row")
+    p.add_argument("--no-key-scope", action="store_true", help="skip bench.key_scope (order per key, issue 17)")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
     results = Path(args.results)
-    p.add_argument("--no-key-scope", action="store_true", help="skip bench.key_scope (order per key, issue 17)")
     results.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     meta: dict[str, Any] = {"argv": argv if argv is not None else sys.argv[1:],
@@ -510,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sdk_loops and run_step("sdk loops (asyncio vs trio)",
                                           py("bench.sdk_loops", "--results", str(results)), timeout=900) != 0:
         rc = 1
+    if not args.no_key_scope and run_step("key scope vs queue scope", py("bench.key_scope", "--results",
+                                                                          str(results)), timeout=1500) != 0:
+        rc = 1
     if not args.no_spark and run_step("spark_bench", py("bench.spark_bench", "--messages", str(args.spark_messages),
                                                         "--results", str(results)), timeout=3600) != 0:
         rc = 1
@@ -517,9 +520,6 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, meta)
     (results / "REPORT.md").write_text(text + "\n")
     summary = {"meta": meta, "ratios": ratios_text(results, rates)}
-        rc = 1
-    if not args.no_key_scope and run_step("key scope vs queue scope", py("bench.key_scope", "--results",
-                                                                          str(results)), timeout=1500) != 0:
     for f in sorted(results.glob("*.json")):
         if f.name not in ("summary.json",):
             summary[f.stem] = {k: v for k, v in (load(results, f.name) or {}).items() if k != "runs"} \

@@ -305,8 +305,8 @@ def curve_report(results: Path, rates: list[int]) -> list[str]:
         return []
     lines = ["### Latency at equal offered load (live; latency from each message's scheduled send time)", "",
              "| offered | system | produce msg/s | p50 ms | p99 ms | p999 ms | CPU µs/msg (server / producer / "
-             "consumers = total) | pace lag s (max) | runs |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "consumers = total) | pace lag s (max) | violations / lost / dups | runs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         for peer in ("redis", "trimq"):
             row = p[peer]
@@ -320,7 +320,8 @@ def curve_report(results: Path, rates: list[int]) -> list[str]:
                 f"| {rate_label(p['rate'])} | {LABEL[peer]} | {_fmt_rate(m.get('produce_msgs_per_s'))} | "
                 f"{m.get('p50_ms', float('nan')):,.1f} | {m.get('p99_ms', float('nan')):,.1f} | "
                 f"{m.get('p999_ms', float('nan')):,.1f} | {c.get('server', 0):.1f} / {c.get('producer', 0):.1f} / "
-                f"{c.get('consumers', 0):.1f} = {c.get('total', 0):.1f} | {lag_txt} | {row.get('n_ok')} |")
+                f"{c.get('consumers', 0):.1f} = {c.get('total', 0):.1f} | {lag_txt} | "
+                f"{row.get('sum_violations')} / {row.get('sum_lost')} / {row.get('sum_dups')} | {row.get('n_ok')} |")
     lines += ["", "trimq / Redis at each offered rate (targets, issue 22: at every paced rate up to 0.9x Redis's "
               "flat-out live rate, p99 <= 1.0 and CPU <= 0.8; flat out, throughput >= 1.5):", "",
               "| offered | throughput | p50 | p99 | p999 | CPU total | in the targets' scope | p99 target | "

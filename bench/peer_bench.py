@@ -36,8 +36,24 @@ common = load_harness()
 PEERS = ["redis", "trimq"]
 
 
+REDIS_PORT_ENV = "TRIMQ_BENCH_REDIS_PORT"
+
+
 def peer_mod(name: str) -> Any:
-    return importlib.import_module(f"peer_{name}")
+    mod = importlib.import_module(f"peer_{name}")
+    if name == "redis" and os.environ.get(REDIS_PORT_ENV):
+        # The harness's Redis peer listens on a fixed port; another benchmark running it at the same time would
+        # share the server and mix both runs' streams. Each orchestrator picks a free port for its own.
+        mod.PORT = int(os.environ[REDIS_PORT_ENV])
+    return mod
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def cpu_now() -> float:
@@ -326,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "role":
         role_main(args)
     else:
+        os.environ.setdefault(REDIS_PORT_ENV, str(_free_port()))  # inherited by the role processes
         run_main(args)
 
 

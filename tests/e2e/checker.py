@@ -31,6 +31,13 @@ their ``consume_time``, ties kept in file order):
   to consume there), the delay from the signal to the first record on that queue by another consumer.
   (It includes waiting for a message to arrive, so measure while producing.)
 * Every produced message must be consumed at least once (**missing** otherwise).
+* **Weaker answers** (a producer record's ``status``; none means SEND_OK): a SYNC_MASTER answers FLUSH_SLAVE_TIMEOUT
+  or SLAVE_NOT_AVAILABLE (and any master FLUSH_DISK_TIMEOUT) for a message it stored without its promise, which
+  a failover may lose (docs/OPERATIONS.md, "What a send's answer promises"). Such a message is **unsafe**: when it
+  was never consumed, or a later acknowledged message took its queue offset (a promoted slave that never had it
+  reused the offset), it is left out of "produced" (counted in ``unsafe_lost``; consumed copies of it count as
+  unacknowledged). A SEND_OK message whose offset a later message took is a violation (an acknowledged message
+  was cut).
 
 Extras for the chaos suite (tests/chaos/; all optional, the rules above are unchanged without them):
 
@@ -151,6 +158,8 @@ class Report:
     consumed_records: int = 0
     consumed_distinct: int = 0
     consumed_unacknowledged: int = 0
+    unsafe_acked: int = 0  # acknowledged with a weaker answer than SEND_OK (FLUSH_SLAVE_TIMEOUT, ...)
+    unsafe_lost: int = 0  # of those, lost (never consumed, or their offset reused): allowed
     missing: list[dict[str, Any]] = field(default_factory=list)
     duplicates: int = 0
     replayed: int = 0
@@ -183,6 +192,8 @@ class Report:
             f"consumed: {self.consumed_records} records, {self.consumed_distinct} distinct acknowledged messages"
             + (f", {self.consumed_unacknowledged} unacknowledged" if self.consumed_unacknowledged else ""),
             f"missing: {len(self.missing)}",
+            *([f"acknowledged without SEND_OK: {self.unsafe_acked} (lost, as allowed: {self.unsafe_lost})"]
+              if self.unsafe_acked else []),
             f"duplicates: {self.duplicates} (replayed after crashes: {self.replayed}, in {len(self.replays)} replays)",
         ]
         if self.started_after_lease:
@@ -268,16 +279,16 @@ def check(
     crashes = sorted(broker_crashes, key=lambda c: c.time_ms)
     report = Report()
 
+    consumer_recs = read_records(consumer_files)
     produced: dict[str, dict[str, Any]] = {}
     acked_offsets: dict[Queue, list[int]] = defaultdict(list)
     key_seqs: dict[str, list[int]] = defaultdict(list)
-    for recs in read_records(producer_files):
-        for r in recs:
-            if topic is not None and r["topic"] != topic:
-                continue
-            produced[r["msg_id"]] = r
-            acked_offsets[_queue(r)].append(int(r["queue_offset"]))
-            key_seqs[r["key"]].append(int(r["seq"]))
+    for r in _safe_records([r for recs in read_records(producer_files) for r in recs
+                            if topic is None or r["topic"] == topic],
+                           {c["msg_id"] for recs in consumer_recs for c in recs}, report):
+        produced[r["msg_id"]] = r
+        acked_offsets[_queue(r)].append(int(r["queue_offset"]))
+        key_seqs[r["key"]].append(int(r["seq"]))
     for offs in acked_offsets.values():
         offs.sort()
     for seqs in key_seqs.values():
@@ -286,7 +297,7 @@ def check(
 
     # Consumption records in consumption order (stable across files for equal times).
     consumed: list[tuple[int, int, int, dict[str, Any]]] = []
-    for fi, recs in enumerate(read_records(consumer_files)):
+    for fi, recs in enumerate(consumer_recs):
         for li, r in enumerate(recs):
             if topic is not None and r["topic"] != topic:
                 continue
@@ -356,6 +367,32 @@ def check(
     _check_keys([c for c in consumed if id(c[3]) not in late], produced, key_seqs, allowed_replay, bad, report)
     report.takeovers = _takeovers(stops, by_queue)
     return report
+
+
+def _safe_records(recs: list[dict[str, Any]], consumed_ids: set[str], report: Report) -> list[dict[str, Any]]:
+    """The producer records to judge: all but the unsafe ones (not SEND_OK) that were lost (module documentation);
+    a SEND_OK record whose queue offset a later acknowledged message took is a violation (and left out too)."""
+    at: dict[tuple[Queue, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in recs:
+        at[(_queue(r), int(r["queue_offset"]))].append(r)
+    superseded: set[int] = set()  # id() of records whose offset a later acknowledged message took
+    for (q, o), rs in at.items():
+        if len(rs) > 1:
+            rs.sort(key=lambda r: int(r["ack_time"]))
+            for r in rs[:-1]:
+                superseded.add(id(r))
+                if r.get("status", "SEND_OK") == "SEND_OK":
+                    report.violations.append(f"{_qname(q)} offset {o}: SEND_OK message {r['msg_id']} (key {r['key']} "
+                                             f"seq {r['seq']}) was cut, its offset reused by {rs[-1]['msg_id']}")
+    kept = []
+    for r in recs:
+        unsafe = r.get("status", "SEND_OK") != "SEND_OK"
+        report.unsafe_acked += unsafe
+        if unsafe and (id(r) in superseded or r["msg_id"] not in consumed_ids):
+            report.unsafe_lost += 1
+        elif id(r) not in superseded:
+            kept.append(r)
+    return kept
 
 
 def _successor(universe: list[int]) -> Any:

@@ -55,6 +55,20 @@ def decode_properties(s: str) -> dict[str, str]:
     return out
 
 
+def get_property(props: str, name: str) -> str | None:
+    """One property from a RocketMQ property string without parsing the rest (the store's and the index's hot
+    paths read one or two names of a record)."""
+    key = name + NAME_VALUE_SEPARATOR
+    i = props.find(key)
+    while i != -1:
+        if i == 0 or props[i - 1] == PROPERTY_SEPARATOR:
+            start = i + len(key)
+            j = props.find(PROPERTY_SEPARATOR, start)
+            return props[start:] if j == -1 else props[start:j]
+        i = props.find(key, i + 1)
+    return None
+
+
 def check_property_text(name: str, value: str) -> None:
     """Raise ValueError if a property name or value holds one of the reserved separator characters."""
     for text, what in ((name, "name"), (value, "value")):

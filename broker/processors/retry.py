@@ -39,12 +39,11 @@ from trimq.broker.deps import DeadLetterStore, HandlerRegistry, SubscriptionGrou
 from trimq.broker.store.atomic import read_json, write_json_atomic
 from trimq.broker.store.index_dispatch import QueryMessageResult
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
-from trimq.broker.store.store_base import get_property
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.errors import RequestError
-from trimq.protocol.message import MessageConst, MessageExt, decode_properties, encode_properties
+from trimq.protocol.message import MessageConst, MessageExt, decode_properties, encode_properties, get_property
 from trimq.protocol.record import parse_message_id
 from trimq.protocol.validation import (
     RETRY_GROUP_TOPIC_PREFIX,

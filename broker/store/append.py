@@ -25,10 +25,15 @@ from trimq.broker.store.store_base import (
     PutRequest,
     PutResult,
     StoreBase,
-    get_property,
     mono_ms,
 )
-from trimq.protocol.message import MAX_PROPERTIES_BYTES, MessageConst, decode_properties, encode_properties
+from trimq.protocol.message import (
+    MAX_PROPERTIES_BYTES,
+    MessageConst,
+    decode_properties,
+    encode_properties,
+    get_property,
+)
 from trimq.protocol.validation import InvalidNameError, check_topic
 from trimq.runtime.logs import get_logger, log_rate_limited
 

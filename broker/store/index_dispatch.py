@@ -38,7 +38,7 @@ import trio
 from trimq.broker.store.commitlog import CommitLog
 from trimq.broker.store.index import IndexService, QueryOffsetResult
 from trimq.protocol.errors import RecordError
-from trimq.protocol.message import MessageConst, MessageExt
+from trimq.protocol.message import MessageConst, MessageExt, get_property
 from trimq.protocol.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
@@ -80,18 +80,6 @@ def _next_marker(mm: mmap.mmap, start: int, end: int) -> int:
     """Where the next ``KEY`` (of a KEYS or UNIQ_KEY property name, or anything else) is in ``mm[start:end]``,
     -1: nowhere. One search for what both names share is faster than one for each."""
     return mm.find(b"KEY", start, end)
-
-
-def _property(props: str, name: str) -> str | None:
-    key = name + "\x01"
-    i = props.find(key)
-    while i != -1:
-        if i == 0 or props[i - 1] == "\x02":
-            start = i + len(key)
-            j = props.find("\x02", start)
-            return props[start:] if j == -1 else props[start:j]
-        i = props.find(key, i + 1)
-    return None
 
 
 class IndexDispatcher:
@@ -307,8 +295,8 @@ class IndexDispatcher:
 
     def _index_known(self, pos: int, topic: str, store_ts: int, sys_flag: int, props: str) -> None:
         """Index a record from what its append noted (the same fields ``_index_record`` reads back)."""
-        n = self.index.build_index(topic, pos, store_ts, sys_flag, _property(props, MessageConst.KEYS),
-                                   _property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
+        n = self.index.build_index(topic, pos, store_ts, sys_flag, get_property(props, MessageConst.KEYS),
+                                   get_property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
         if n:
             self.records_indexed += 1
             self.entries_written += n
@@ -333,8 +321,8 @@ class IndexDispatcher:
             if len(self._topics) < 10_000:
                 self._topics[topic_b] = topic
         props = props_b.decode("utf-8", "replace")
-        n = index.build_index(topic, pos, store_ts, sys_flag, _property(props, MessageConst.KEYS),
-                              _property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
+        n = index.build_index(topic, pos, store_ts, sys_flag, get_property(props, MessageConst.KEYS),
+                              get_property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
         if n:
             self.records_indexed += 1
             self.entries_written += n

@@ -28,10 +28,9 @@ from trimq.broker.store.consume_queue import UNIT, ConsumeQueue, tags_string_to_
 from trimq.broker.store.recovery import RecoveryReport, check_queue_tail, first_store_timestamp, scan_commit_log
 from trimq.broker.store.store_base import (
     StoreBase,
-    get_property,
     mono_ms,
 )
-from trimq.protocol.message import MessageConst, decode_properties
+from trimq.protocol.message import MessageConst, decode_properties, get_property
 from trimq.runtime.logs import get_logger, log_rate_limited
 
 __all__ = ["StoreLifecycle"]

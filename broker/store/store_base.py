@@ -25,7 +25,7 @@ from trimq.broker.store.consume_queue import ConsumeQueue
 from trimq.broker.store.index import DEFAULT_MAX_HASH_SLOT_NUM, DEFAULT_MAX_INDEX_NUM, IndexService
 from trimq.broker.store.index_dispatch import IndexDispatcher
 from trimq.broker.store.recovery import RecoveryReport
-from trimq.protocol.message import decode_properties, encode_properties
+from trimq.protocol.message import decode_properties, encode_properties, get_property
 from trimq.runtime.logs import RateLimiter, get_logger
 
 log = get_logger("trimq.store")
@@ -41,7 +41,6 @@ __all__ = [
     "StoreBase",
     "StoreConfig",
     "TagsCodeResolver",
-    "get_property",
     "mono_ms",
 ]
 
@@ -63,7 +62,6 @@ class PutMessageStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-
 @dataclass(slots=True)
 class PutResult:
     """Outcome of a put. For a batch, ``msg_id``/``queue_offset``/``commit_log_offset`` are the first
@@ -83,7 +81,6 @@ class PutResult:
     @property
     def ok(self) -> bool:
         return self.status is PutMessageStatus.PUT_OK
-
 
 
 @dataclass(slots=True)
@@ -111,7 +108,6 @@ class PutRequest:
         self.properties = encode_properties(props)
 
 
-
 class GetMessageStatus(enum.Enum):
     """RocketMQ's GetMessageStatus."""
 
@@ -126,7 +122,6 @@ class GetMessageStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-
 @dataclass(slots=True)
 class GetMessageResult:
     """What ``get_message`` found: raw records (``body``) and where the consumer goes next."""
@@ -137,7 +132,6 @@ class GetMessageResult:
     max_offset: int
     body: bytes = b""
     message_count: int = 0
-
 
 
 #: StoreConfig fields that BrokerConfig has under the same name (the reclaim settings, broker/store/clean.py).
@@ -182,21 +176,6 @@ class StoreConfig:
     @property
     def sync_flush(self) -> bool:
         return self.flush_disk_type == "SYNC_FLUSH"
-
-
-
-def get_property(props: str, name: str) -> str | None:
-    """One property from a RocketMQ property string without parsing the rest."""
-    key = name + "\x01"
-    i = props.find(key)
-    while i != -1:
-        if i == 0 or props[i - 1] == "\x02":
-            start = i + len(key)
-            j = props.find("\x02", start)
-            return props[start:] if j == -1 else props[start:j]
-        i = props.find(key, i + 1)
-    return None
-
 
 
 TagsCodeResolver = Callable[[dict[str, str], int], int]

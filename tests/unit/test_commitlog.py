@@ -19,8 +19,8 @@ from trimq.broker.store.commitlog import StoreError, file_name
 from trimq.broker.store.consume_queue import tags_string_to_tags_code
 from trimq.broker.store.message_store import MessageStore
 from trimq.broker.store.recovery import first_store_timestamp, scan_commit_log
-from trimq.broker.store.store_base import GetMessageStatus, PutMessageStatus, PutRequest, StoreConfig, get_property
-from trimq.protocol.message import encode_properties
+from trimq.broker.store.store_base import GetMessageStatus, PutMessageStatus, PutRequest, StoreConfig
+from trimq.protocol.message import encode_properties, get_property
 from trimq.protocol.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, decode_record, encode_record, iter_records
 
 SEG = 4096

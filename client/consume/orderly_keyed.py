@@ -59,6 +59,7 @@ from trimq.client.consume.orderly import (
     RELOCK_IN_LOOP_MS,
     RESUBMIT_AFTER_LOCK_OK_MS,
     SKIP_LOCK_WAIT_S,
+    BlockedQueue,
     ConsumeMessageOrderlyService,
     _LockLapsed,
     clamp_suspend_millis,
@@ -83,24 +84,14 @@ _DONE, _RETRY, _RELEASE = "done", "retry", "release"
 
 
 @dataclass
-class BlockedKey:
-    """A key of a key-scope queue retrying the message at ``offset`` (DESIGN.md §6.5, per key)."""
+class BlockedKey(BlockedQueue):
+    """A key of a key-scope queue retrying the message at ``offset`` (DESIGN.md §6.5, per key): a blocked queue's
+    record plus the key."""
 
-    message_queue: MessageQueue
     key: str
-    offset: int
-    msg_id: str
-    since_ms: int
-    attempts: int
-    last_failure_ms: int
-
-    def blocked_ms(self, now_ms: int) -> int:
-        return max(0, now_ms - self.since_ms)
 
     def to_wire(self, now_ms: int) -> dict[str, Any]:
-        return {"mq": self.message_queue.to_wire(), "key": self.key, "offset": self.offset, "msgId": self.msg_id,
-                "attempts": self.attempts, "blockedMs": self.blocked_ms(now_ms),
-                "lastFailureTimestamp": self.last_failure_ms}
+        return {**super().to_wire(now_ms), "key": self.key}
 
 
 class _QueueRun:
@@ -409,8 +400,8 @@ class ConsumeMessageKeyedService(ConsumeMessageOrderlyService):
         now = self.clock()
         cur = self.blocked_keys.get((mq, key))
         if cur is None or cur.offset != head.queue_offset:
-            cur = self.blocked_keys[(mq, key)] = BlockedKey(mq, key, head.queue_offset, head.msg_id, now,
-                                                            head.reconsume_times, now)
+            cur = self.blocked_keys[(mq, key)] = BlockedKey(mq, head.queue_offset, head.msg_id, now,
+                                                            head.reconsume_times, now, key=key)
         cur.attempts = head.reconsume_times
         cur.last_failure_ms = now
         log_rate_limited(

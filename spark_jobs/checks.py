@@ -351,6 +351,12 @@ def key_queues(records: DataFrame) -> DataFrame:
     per_queue = km.groupBy("topic", "key", "queue_id").agg(
         F.count(F.lit(1)).alias("messages"), F.min("physical_offset").alias("first_physical_offset")
     )
+    return _key_spread_finding(per_queue)
+
+
+def _key_spread_finding(per_queue: DataFrame) -> DataFrame:
+    """``key_in_many_queues`` from per (topic, key, queue_id) counts (``messages``, ``first_physical_offset``):
+    one finding per key stored in more than one queue."""
     spread = (
         per_queue.groupBy("topic", "key")
         .agg(
@@ -733,26 +739,7 @@ def key_queues_from_runs(runs: DataFrame) -> DataFrame:
         .groupBy("topic", "key", "queue_id")
         .agg(F.sum("n_w").alias("messages"), F.min("first_w").alias("first_physical_offset"))
     )
-    spread = (
-        per_queue.groupBy("topic", "key")
-        .agg(
-            F.count(F.lit(1)).alias("queues"),
-            F.sort_array(F.collect_list(F.struct("queue_id", "messages", "first_physical_offset"))).alias(
-                "per_queue"
-            ),
-            F.min("first_physical_offset").alias("first_physical_offset"),
-        )
-        .where(F.col("queues") > 1)
-    )
-    return _finding(
-        spread,
-        "key_queues",
-        "key_in_many_queues",
-        topic=F.col("topic"),
-        key=F.col("key"),
-        physical_offset=F.col("first_physical_offset"),
-        detail=F.struct("queues", "per_queue"),
-    )
+    return _key_spread_finding(per_queue)
 
 
 def suspicious_keys(runs: DataFrame) -> DataFrame:

@@ -457,9 +457,13 @@ async def test_two_brokers_merge_per_broker_answers(tmp_path: Path) -> None:
                                     "--execute"))
             assert [(q["brokerName"], q["queueId"], q["offset"]) for q in reset["queues"]] == [
                 ("broker-a", 0, 0), ("broker-a", 1, 0), ("broker-b", 0, 0), ("broker-b", 1, 0)]
-            # each broker told the member about its own queues
-            assert sorted((c["brokerName"], c["clientId"], c["ok"], c["queues"]) for c in reset["clients"]) == [
-                ("broker-a", consumer.client_id, True, 2), ("broker-b", consumer.client_id, True, 2)]
+            # each broker told the member about its own queues. How many it still held at that moment is timing:
+            # a commit on the wire when the broker bumped the reset generation is refused, and the member re-reads
+            # that queue from the broker (which already has the reset offset) — so at most 2, the replay
+            # below is what proves the reset.
+            told = sorted((c["brokerName"], c["clientId"], c["ok"]) for c in reset["clients"])
+            assert told == [("broker-a", consumer.client_id, True), ("broker-b", consumer.client_id, True)]
+            assert all(c["queues"] <= 2 for c in reset["clients"]), reset["clients"]
             # every message again (at least once: a reset replays, it does not promise exactly once)
             await wait_until(lambda: all(consumed.count(f"m{i}".encode()) >= 2 for i in range(8)))
 

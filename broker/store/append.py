@@ -312,6 +312,10 @@ class StoreAppend(StoreBase):
                 self.commitlog.install_spare(seg)
             else:
                 seg.close()
+                if all(s.start != start for s in self.commitlog.segments):
+                    # The log moved while the file was made (a fresh slave's start_at): a file left at ``start``
+                    # would not follow its segments, and the store would refuse to open after a restart.
+                    seg.path.unlink(missing_ok=True)
 
     async def _alloc_loop(self) -> None:
         """Create the next segment ahead of need, so a roll-over rarely waits for a file."""

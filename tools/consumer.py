@@ -94,12 +94,13 @@ class ConsumerApp:
             return self.fail_status
         return result
 
-    def _after(self, msgs: list[MessageExt], context: Any, status: Any) -> Any:
+    def _after(self, msgs: list[MessageExt], context: Any, status: Any, started: int) -> Any:
         if status not in self.success_values:
             return status
         broker = self._broker(context)
         now = wall_ms()
-        recs = [consumer_record(m, broker=broker, client_id=self.client_id, now_ms=now) for m in msgs]
+        recs = [consumer_record(m, broker=broker, client_id=self.client_id, now_ms=now, start_ms=started)
+                for m in msgs]
         if self.record is not None:
             self.record.write(recs)  # flushed before we return success: before the offset can be committed
         if self.out is not None:
@@ -114,15 +115,17 @@ class ConsumerApp:
 
     def sync_listener(self, msgs: list[MessageExt], context: Any) -> Any:
         assert self.opts.handler is not None
-        return self._after(msgs, context, self._normalise(self.opts.handler(msgs, context)))
+        started = wall_ms()
+        return self._after(msgs, context, self._normalise(self.opts.handler(msgs, context)), started)
 
     async def async_listener(self, msgs: list[MessageExt], context: Any) -> Any:
+        started = wall_ms()
         status = self.ok_status
         if self.opts.handler is not None:
             status = self._normalise(await self.opts.handler(msgs, context))
         if self.record is not None and self.record.fsync:
-            return await trio.to_thread.run_sync(self._after, msgs, context, status)
-        return self._after(msgs, context, status)
+            return await trio.to_thread.run_sync(self._after, msgs, context, status, started)
+        return self._after(msgs, context, status, started)
 
     def listener(self) -> Callable[..., Any]:
         h = self.opts.handler

@@ -15,7 +15,9 @@ tolerate extra, unrecorded messages).
 
 **Consumer record** (``--record``): one JSON line per successfully consumed message: ``topic, broker,
 queue_id, queue_offset, keys, msg_id`` (unique key), ``offset_msg_id, reconsume_times, body_sha1,
-consume_time`` (wall-clock ms), ``client_id``, and ``key``/``seq`` when the body is a trimq-producer body.
+consume_time`` (wall-clock ms, when the listener call that consumed it returned), ``start_time`` (wall-clock ms,
+when that listener call began: a call that straddles a SIGSTOP is told apart from one begun after it),
+``client_id``, and ``key``/``seq`` when the body is a trimq-producer body.
 Lines are written and flushed inside the listener, before it returns success, so before the offset can be
 committed: once an offset is committed its line is in the kernel and survives the consumer's SIGKILL.
 ``--record-fsync`` also fsyncs each listener call's lines, which only matters if the machine itself may
@@ -98,8 +100,11 @@ class RecordWriter:
                 self._fh.close()
 
 
-def consumer_record(msg: MessageExt, *, broker: str, client_id: str, now_ms: int | None = None) -> dict[str, Any]:
-    """The record line of one consumed message (see the module documentation)."""
+def consumer_record(msg: MessageExt, *, broker: str, client_id: str, now_ms: int | None = None,
+                    start_ms: int | None = None) -> dict[str, Any]:
+    """The record line of one consumed message (see the module documentation); ``start_ms`` is when the listener
+    call began (default: ``now_ms``)."""
+    now = wall_ms() if now_ms is None else now_ms
     rec: dict[str, Any] = {
         "topic": msg.topic,
         "broker": broker,
@@ -110,7 +115,8 @@ def consumer_record(msg: MessageExt, *, broker: str, client_id: str, now_ms: int
         "offset_msg_id": msg.msg_id,
         "reconsume_times": msg.reconsume_times,
         "body_sha1": hashlib.sha1(msg.body).hexdigest(),
-        "consume_time": wall_ms() if now_ms is None else now_ms,
+        "consume_time": now,
+        "start_time": now if start_ms is None else start_ms,
         "client_id": client_id,
     }
     decoded = decode_body(msg.body)

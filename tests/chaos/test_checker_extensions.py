@@ -175,3 +175,34 @@ def test_another_consumers_late_completion_is_no_sign_it_holds_the_queue(tmp_pat
     r = run(tmp_path, 8, consumed([0, 1, 2, 3], "A", 10), consumed([4, 5, 6, 7], "B", 1000),
             consumed([4], "A", 1101), pauses=[Pause("B", 100, 300), Pause("A", 500, 1100)], lease_ms=500)
     assert r.late_completions == 1 and r.started_after_lease == 0, r.text()
+
+
+def test_a_listener_call_begun_before_the_pause_is_judged_by_its_start(tmp_path: Path) -> None:
+    # K (key scope) had just taken the queue: it began k0's offset 0 and k1's offset 1 at 60 and was paused at 100;
+    # B took over from 0 and consumed 0..7; after SIGCONT (300) K's two calls returned. Their records carry
+    # start_time 60: late completions, nothing started after the lease. Without start_time nothing tells them
+    # from calls begun after SIGCONT (chaos seed 11 flagged such a record 4 ms after SIGCONT).
+    late = [{**r, "start_time": 60} for r in keyed([0, 1], "K", 301)]
+    parts = (keyed(list(range(8)), "B", 200), late)
+    r = run(tmp_path, 8, *parts, pauses=[Pause("K", 100, 300)], key_scope_clients=["K"], lease_ms=50)
+    assert r.ok, r.text()
+    assert r.late_completions == 2 and r.started_after_lease == 0
+    unstamped = [{k: v for k, v in x.items() if k != "start_time"} for x in late]
+    r = run(tmp_path, 8, parts[0], unstamped, pauses=[Pause("K", 100, 300)], key_scope_clients=["K"], lease_ms=50)
+    assert not r.ok and r.started_after_lease == 2
+    # a call K began after SIGCONT while B held the queue is still counted
+    begun_late = [{**r, "start_time": 301} for r in keyed([0, 1], "K", 305)]
+    r = run(tmp_path, 8, parts[0], begun_late, pauses=[Pause("K", 100, 300)], key_scope_clients=["K"], lease_ms=50)
+    assert r.started_after_lease == 2 and r.late_completions == 0
+
+
+def test_a_queue_with_nothing_left_to_consume_is_an_idle_takeover(tmp_path: Path) -> None:
+    # A consumed every acknowledged message of the queue (0..3) and was paused; nothing more arrived there, so no
+    # takeover can be seen (chaos seed 11: the producer's last seconds all went to the other broker)
+    r = run(tmp_path, 4, consumed([0, 1, 2, 3], "A", 10), pauses=[Pause("A", 100, 300)])
+    assert r.ok, r.text()
+    assert [(t.ms, t.idle) for t in r.takeovers] == [(None, True)] and "q0=idle" in r.text()
+    assert r.max_takeover_ms(graceful=False) is None and r.takeover_ms(graceful=False) == []
+    # with a message left behind, a missing takeover is not idle
+    r = run(tmp_path, 5, consumed([0, 1, 2, 3], "A", 10), consumed([4], "A", 310), pauses=[Pause("A", 100, 300)])
+    assert [(t.ms, t.idle) for t in r.takeovers] == [(None, False)]

@@ -29,7 +29,8 @@ their ``consume_time``, ties kept in file order):
   from the queue rules; it is checked separately to name the **first offending key** on failure.
 * **Takeover time** of a Stop = for each queue the stopped consumer owned at the signal (it was the last
   to consume there), the delay from the signal to the first record on that queue by another consumer.
-  (It includes waiting for a message to arrive, so measure while producing.)
+  (It includes waiting for a message to arrive, so measure while producing.) A queue with no acknowledged
+  message beyond what was consumed before the stop, and no record after it, is **idle**: no takeover can be seen.
 * Every produced message must be consumed at least once (**missing** otherwise).
 * **Weaker answers** (a producer record's ``status``; none means SEND_OK): a SYNC_MASTER answers FLUSH_SLAVE_TIMEOUT
   or SLAVE_NOT_AVAILABLE (and any master FLUSH_DISK_TIMEOUT) for a message it stored without its promise, which
@@ -48,8 +49,11 @@ Extras for the chaos suite (tests/chaos/; all optional, the rules above are unch
   consumer may already have taken the queue over — a **late completion**. Up to ``late_batch`` records of
   the paused consumer on such a queue, right after SIGCONT (within ``late_window_ms``) and continuing exactly
   where it had stopped, are counted as late completions and left out of the order rules (they are
-  duplicates the lock protocol cannot prevent; their offset commits must be fenced). Anything more is judged
-  normally (a resumed consumer re-consuming a queue it lost is a violation).
+  duplicates the lock protocol cannot prevent; their offset commits must be fenced). Records that carry
+  ``start_time`` (when their listener call began) are judged exactly instead: every record of the paused consumer
+  whose call began before SIGCONT and completed after it, once another consumer consumed the queue (or, in key
+  scope, the key) after the SIGSTOP, is a late completion, however many keys were in flight. Anything more is
+  judged normally (a resumed consumer re-consuming a queue it lost is a violation).
 * :class:`BrokerCrash`: a broker restarted after SIGKILL reloads the committed offsets it had persisted
   (``persisted``), possibly older than the last commits. On each of its queues, the first redelivery after
   the crash (by any consumer, within ``broker_replay_window_ms`` of the restart) is an allowed replay when it
@@ -60,10 +64,10 @@ Extras for the chaos suite (tests/chaos/; all optional, the rules above are unch
   **offset regression** is a violation: someone rewound the queue).
 * A replay handed over mid-way (gracefully) continues with its next owner: an owner change that starts
   exactly after the previous record of a replay continues that replay.
-* ``lease_ms`` (issue 14: queue locks are leases): **started after lease** counts the records a paused consumer
-  made after its lease had surely run out (its last renewal was sent before SIGSTOP, so after ``stop_ms +
-  lease_ms``) while another consumer held the same queue — other than late completions, which were started
-  before the pause. Holding is read from the offsets: the other consumer had already consumed that offset or
+* ``lease_ms`` (issue 14: queue locks are leases): **started after lease** counts the records of a paused
+  consumer whose listener call began (``start_time``, else ``consume_time``) after its lease had surely run out
+  (its last renewal was sent before SIGSTOP, so after ``stop_ms + lease_ms``) while another consumer held the
+  same queue — other than late completions, which were started before the pause. Holding is read from the offsets: the other consumer had already consumed that offset or
   a later one since the pause began, or it consumed that offset or an earlier one within ``lease_ms`` after
   the record (unless one of the two crashed in between, which explains a replay); a clean handover back and
   forth never does either. The client starts no batch after its own deadline, so this must be 0; each one
@@ -140,6 +144,9 @@ class Takeover:
     new_owner: str | None
     ms: int | None  # None: nobody consumed that queue after the stop
     kind: str = ""
+    # nobody had anything to take over: no acknowledged message on the queue beyond what was consumed before the stop
+    # (then ``ms`` is None, and no takeover can be seen in the records)
+    idle: bool = False
 
 
 @dataclass
@@ -178,7 +185,7 @@ class Report:
         return not self.missing and not self.violations
 
     def takeover_ms(self, *, graceful: bool) -> list[int | None]:
-        return [t.ms for t in self.takeovers if t.graceful == graceful]
+        return [t.ms for t in self.takeovers if t.graceful == graceful and not t.idle]
 
     def max_takeover_ms(self, *, graceful: bool) -> int | None:
         vals = self.takeover_ms(graceful=graceful)
@@ -207,9 +214,9 @@ class Report:
         for (cid, graceful, kind), ts in groups.items():
             label = kind or ("graceful" if graceful else "crash")
             vals = ", ".join(f"{'' if len({x.queue[1] for x in ts}) == 1 else x.queue[1] + '/'}q{x.queue[2]}="
-                             f"{'-' if x.ms is None else x.ms}" for x in ts)
+                             f"{('idle' if x.idle else '-') if x.ms is None else x.ms}" for x in ts)
             known = [x.ms for x in ts if x.ms is not None]
-            worst = max(known) if known and len(known) == len(ts) else None
+            worst = max(known) if known and len(known) == len([x for x in ts if not x.idle]) else None
             lines.append(f"takeover after {label} stop of {cid}: max {worst} ms ({vals})")
         if self.missing:
             m = self.missing[0]
@@ -365,7 +372,7 @@ def check(
         for q, recs in sorted(by_queue.items()):
             _started_after_lease(q, recs, pauses, late, lease_ms, crash_times, report, key_scope)
     _check_keys([c for c in consumed if id(c[3]) not in late], produced, key_seqs, allowed_replay, bad, report)
-    report.takeovers = _takeovers(stops, by_queue)
+    report.takeovers = _takeovers(stops, by_queue, acked_offsets)
     return report
 
 
@@ -414,15 +421,23 @@ def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batc
     nxt = succ or (lambda o: o + 1)
     out: set[int] = set()
     for p in pauses:
+        after = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) >= p.cont_ms]
+        # a record that says when its listener call began is exact: one begun before SIGCONT was begun before the
+        # SIGSTOP (the process did not run in between), however many keys were in flight
+        for r in after:
+            t = int(r["consume_time"])
+            if _start(r) < p.cont_ms and any(x["client_id"] != p.client_id and p.stop_ms < int(x["consume_time"]) <= t
+                                             for x in recs):
+                out.add(id(r))
         before = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) <= p.stop_ms]
         if not before:
             continue
         expected = nxt(int(before[-1]["queue_offset"]))
-        after = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) >= p.cont_ms]
         for r in after[:late_batch]:
             t = int(r["consume_time"])
             taken_over = any(x["client_id"] != p.client_id and p.stop_ms < int(x["consume_time"]) <= t for x in recs)
-            if t > p.cont_ms + window_ms or int(r["queue_offset"]) != expected or not taken_over:
+            if (t > p.cont_ms + window_ms or int(r["queue_offset"]) != expected or not taken_over
+                    or "start_time" in r):  # a stamped record was judged exactly above
                 break
             out.add(id(r))
             expected = nxt(expected)
@@ -446,7 +461,9 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
                   and id(r) not in late]
         for r in recs:
             t, o = int(r["consume_time"]), int(r["queue_offset"])
-            if r["client_id"] != p.client_id or id(r) in late or t <= expired or t < p.cont_ms:
+            # judged by when its listener call began, where the record says (a call begun before the pause and
+            # completed after SIGCONT is no start after the lease)
+            if r["client_id"] != p.client_id or id(r) in late or _start(r) <= expired or t < p.cont_ms:
                 continue
             holder = next((x for x in others if (
                 (int(x["consume_time"]) <= t and int(x["queue_offset"]) >= o
@@ -465,6 +482,12 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
                 report.started_after_lease += 1
                 report.violations.append(f"{_qname(q)}: {p.client_id} consumed offset {o} at {t}, after its lease ran "
                                          f"out (paused at {p.stop_ms}), while {holder['client_id']} held the queue")
+
+
+def _start(r: dict[str, Any]) -> int:
+    """When the listener call that consumed ``r`` began: its ``start_time``, or for records without one (older record
+    files) its ``consume_time``."""
+    return int(r.get("start_time", r["consume_time"]))
 
 
 def _check_monotonic(q: Queue, samples: list[tuple[int, int]], crashes: list[BrokerCrash], report: Report) -> None:
@@ -655,7 +678,8 @@ def _check_keys(consumed: list[tuple[int, int, int, dict[str, Any]]], produced: 
                              "\n  consumed (last 10):\n    " + "\n    ".join(history[key][-10:]))
 
 
-def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]]) -> list[Takeover]:
+def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]],
+               acked: Mapping[Queue, list[int]]) -> list[Takeover]:
     out = []
     for s in stops:
         for q, recs in sorted(by_queue.items()):
@@ -664,8 +688,11 @@ def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]]
                 continue
             after = next((r for r in recs if int(r["consume_time"]) >= s.time_ms and r["client_id"] != s.client_id),
                          None)
+            # an idle queue shows no takeover (chaos seed 11: the producer's last seconds all went to the other
+            # broker, whose queues the survivor locked but had nothing to consume from)
+            idle = after is None and max(acked.get(q, [-1])) <= max(int(r["queue_offset"]) for r in before)
             out.append(Takeover(s.client_id, q, s.graceful, after["client_id"] if after else None,
-                                int(after["consume_time"]) - s.time_ms if after else None, s.kind))
+                                int(after["consume_time"]) - s.time_ms if after else None, s.kind, idle))
     return out
 
 

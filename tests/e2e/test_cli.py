@@ -146,7 +146,8 @@ def test_consumer_record_format_handler_and_sigterm(procs: Procs, tmp_path: Path
     assert len(lines) == 40
     r = lines[0]
     assert set(r) >= {"topic", "broker", "queue_id", "queue_offset", "keys", "msg_id", "reconsume_times",
-                      "body_sha1", "consume_time", "client_id", "key", "seq"}
+                      "body_sha1", "consume_time", "start_time", "client_id", "key", "seq"}
+    assert r["start_time"] <= r["consume_time"]
     assert r["client_id"].endswith("@one") and r["broker"] == "broker-a" and r["keys"] == r["key"]
     assert r["body_sha1"] == hashlib.sha1(encode_body(r["key"], r["seq"], 64)).hexdigest()
     report = check([prod], [rec])

@@ -67,11 +67,11 @@ Extras for the chaos suite (tests/chaos/; all optional, the rules above are unch
 * ``lease_ms`` (issue 14: queue locks are leases): **started after lease** counts the records of a paused
   consumer whose listener call began (``start_time``, else ``consume_time``) after its lease had surely run out
   (its last renewal was sent before SIGSTOP, so after ``stop_ms + lease_ms``) while another consumer held the
-  same queue — other than late completions, which were started before the pause. Holding is read from the offsets: the other consumer had already consumed that offset or
-  a later one since the pause began, or it consumed that offset or an earlier one within ``lease_ms`` after
-  the record (unless one of the two crashed in between, which explains a replay); a clean handover back and
-  forth never does either. The client starts no batch after its own deadline, so this must be 0; each one
-  is also reported as a violation.
+  same queue — other than late completions, which were started before the pause. Holding is read from the
+  offsets: the other consumer had already consumed that offset or a later one since the pause began, or it
+  consumed that offset or an earlier one within ``lease_ms`` after the record (unless one of the two crashed in
+  between, which explains a replay); a clean handover back and forth never does either. The client starts no
+  batch after its own deadline, so this must be 0; each one is also reported as a violation.
 
 Key scope (issue 17; ``key_scope_clients``: the client ids of consumers with ``order_scope="key"``): such a consumer
 consumes a queue's keys in parallel, so its records are in queue order *per key* only, and it commits the contiguous

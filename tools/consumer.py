@@ -231,6 +231,11 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
 @click.option("--from", "from_where", type=click.Choice(["first", "last", "timestamp"]),
               help="Where a group with no stored offset starts [default: last].")
 @click.option("--timestamp", "consume_timestamp", metavar="yyyyMMddHHmmss", help="Start time for --from timestamp.")
+@click.option("--order-scope", type=click.Choice(["queue", "key"]),
+              help="With --orderly: 'queue' (RocketMQ: one batch of a queue at a time) or 'key' (a queue's keys in "
+                   "parallel, each key in order) [default: queue].")
+@click.option("--max-in-flight-keys", type=click.IntRange(min=1),
+              help="With --order-scope key: keys in the listener at once [default: 64].")
 @click.option("--max-reconsume-times", type=click.IntRange(min=-1), help="Deliveries before dead-lettering.")
 @click.option("--exit-after-idle", type=click.FloatRange(min=0), default=0, metavar="S",
               help="Shut down gracefully after S seconds without a message (0 = never).")
@@ -246,7 +251,8 @@ async def _consumer_session(config: PushConsumerConfig, opts: ConsumerOptions) -
 @click.option("--log-level", type=LOG_LEVELS, default="warning", show_default=True)
 def main(namesrv_addr: str | None, consumer_group: str | None, topic: str, tags: str, orderly: bool,
          handler_spec: str | None, record: str | None, record_fsync: bool, from_where: str | None,
-         consume_timestamp: str | None, max_reconsume_times: int | None, exit_after_idle: float,
+         consume_timestamp: str | None, order_scope: str | None, max_in_flight_keys: int | None,
+         max_reconsume_times: int | None, exit_after_idle: float,
          instance_name: str | None, metrics_port: int | None, metrics_host: str, config_file: str | None, quiet: bool,
          log_format: str, log_level: str) -> None:
     """Consume TOPIC in consumer group GROUP until SIGINT/SIGTERM (graceful shutdown, exit status 0).
@@ -257,12 +263,16 @@ def main(namesrv_addr: str | None, consumer_group: str | None, topic: str, tags:
     configure_logging(log_format, log_level)
     if consume_timestamp and from_where not in (None, "timestamp"):
         fail("trimq-consumer", f"--timestamp needs --from timestamp (not --from {from_where})")
+    if order_scope and not orderly:
+        fail("trimq-consumer", "--order-scope needs --orderly (it chooses what an orderly consumer keeps in order)")
+    if max_in_flight_keys is not None and order_scope != "key":
+        fail("trimq-consumer", "--max-in-flight-keys needs --order-scope key")
     where = {"first": "CONSUME_FROM_FIRST_OFFSET", "last": "CONSUME_FROM_LAST_OFFSET",
              "timestamp": "CONSUME_FROM_TIMESTAMP"}.get(from_where or "")
     config = load_client_config("trimq-consumer", PushConsumerConfig, config_file, "consumer", {
         "namesrv_addr": namesrv_addr, "consumer_group": consumer_group, "consume_from_where": where,
         "consume_timestamp": consume_timestamp, "max_reconsume_times": max_reconsume_times,
-        "instance_name": instance_name,
+        "instance_name": instance_name, "order_scope": order_scope, "max_in_flight_keys": max_in_flight_keys,
     })
     if not config.namesrv_addrs:
         fail("trimq-consumer", "no name server: pass --namesrv HOST:PORT (or set TRIMQ_CLIENT_NAMESRV_ADDR)")

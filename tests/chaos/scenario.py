@@ -108,8 +108,8 @@ CONSUMER_SETTINGS: dict[str, Any] = {
     "unlock_delay_time_mills": 0,
 }
 PRODUCER_SETTINGS: dict[str, Any] = {"poll_name_server_interval": 1000}
-#: The key-scope slot's settings on top of CONSUMER_SETTINGS.
-KEY_SCOPE_SETTINGS: dict[str, Any] = {"order_scope": "key", "max_in_flight_keys": 16}
+#: The key-scope slot's flags (trimq-consumer --order-scope key) on top of CONSUMER_SETTINGS.
+KEY_SCOPE_FLAGS = ["--order-scope", "key", "--max-in-flight-keys", "16"]
 
 
 @dataclass(frozen=True)
@@ -489,8 +489,7 @@ class _Cluster:
         ]
         env = _env(CONSUMER_SETTINGS, "TRIMQ_CLIENT_")
         if slot == KEY_SCOPE_SLOT:
-            argv += ["--handler", "tests.chaos.handlers:jitter"]
-            env.update(_env(KEY_SCOPE_SETTINGS, "TRIMQ_CLIENT_"))
+            argv += ["--handler", "tests.chaos.handlers:jitter", *KEY_SCOPE_FLAGS]
             env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
         p = self.start(name, argv, env)
         self.consumers[slot] = p

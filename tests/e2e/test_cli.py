@@ -40,7 +40,7 @@ def test_help_lists_the_flags(procs: Procs) -> None:
     assert out.returncode == 0
     for flag in ("--namesrv", "--group", "--topic", "--tags", "--orderly", "--handler", "--record", "--from",
                  "--timestamp", "--config", "--instance-name", "--log-format", "--log-level",
-                 "--max-reconsume-times", "--exit-after-idle"):
+                 "--max-reconsume-times", "--exit-after-idle", "--order-scope", "--max-in-flight-keys"):
         assert flag in out.stdout, flag
 
 
@@ -58,6 +58,9 @@ def test_bad_input_gives_clear_errors(procs: Procs, tmp_path: Path) -> None:
     out = procs.run("c", [tool("trimq-consumer"), "--namesrv", "127.0.0.1:1", "--group", "g", "--topic", "T",
                           "--from", "last", "--timestamp", "20240101000000"])
     assert out.returncode == 2 and "--timestamp needs --from timestamp" in out.stderr
+    out = procs.run("c", [tool("trimq-consumer"), "--namesrv", "127.0.0.1:1", "--group", "g", "--topic", "T",
+                          "--order-scope", "key"])
+    assert out.returncode == 2 and "--order-scope needs --orderly" in out.stderr
     cfg = tmp_path / "c.toml"
     cfg.write_text('[consumer]\nconsume_thread_max = 0\n')
     out = procs.run("c", [tool("trimq-consumer"), "--namesrv", "127.0.0.1:1", "--group", "g", "--topic", "T",

@@ -36,7 +36,8 @@ offsets never going backwards within a broker's lifetime.
 Lock leases are trimq's default 2 s and other timers are shortened so a run takes seconds
 (:data:`BROKER_SETTINGS`, :data:`CONSUMER_SETTINGS`); the checker also counts records a paused consumer started
 after its lease ran out (``lease_ms``), which must be none.
-Run by hand: ``python -m tests.chaos.scenario --seed 7 [--long] [--keep DIR]``.
+Run by hand: ``python -m tests.chaos.scenario --seed 7 [--long] [--keep DIR]``; judge a kept directory again with
+``--rejudge DIR``.
 """
 
 from __future__ import annotations
@@ -758,6 +759,30 @@ def _dump(wd: Path, events: list[Event], stops: list[Stop], pauses: list[Pause],
         (wd / "chaos.json").write_text(json.dumps(data))
 
 
+def rejudge(wd: Path) -> Report:
+    """Judge a kept work directory again (``chaos.json`` and the record files) with the checker as it is now: after
+    a change to the checker, a failed run's verdict without running it again."""
+    data = json.loads((wd / "chaos.json").read_text())
+
+    def queue(name: str) -> tuple[str, str, int]:
+        topic, broker, qid = name.rsplit("/", 2)
+        return topic, broker, int(qid)
+
+    crashes = [BrokerCrash(c["broker"], c["time_ms"], c["restart_ms"],
+                           {queue(q): o for q, o in c["persisted"].items()}) for c in data["broker_crashes"]]
+    samples = {queue(q): [(int(t), int(o)) for t, o in v] for q, v in data["samples"].items()}
+    key_scope = []
+    for log_file in sorted(wd.glob(f"{KEY_SCOPE_SLOT}.*.log")):
+        for line in log_file.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                if isinstance(ev, dict) and ev.get("event") == "consumer.cli_started":
+                    key_scope.append(str(ev["client_id"]))
+    return check([wd / "producer.jsonl"], sorted(wd.glob("c*.jsonl")), stops=[Stop(**s) for s in data["stops"]],
+                 pauses=[Pause(**p) for p in data["pauses"]], broker_crashes=crashes, committed_samples=samples,
+                 topic=TOPIC, lease_ms=LEASE_MS, key_scope_clients=key_scope)
+
+
 def _recovery_times(files: list[Path], crashes: list[BrokerCrash], settings: ChaosSettings
                     ) -> dict[str, list[int | None]]:
     """Per broker SIGKILL: for each of its queues, ms from the kill to the first consumption after it."""
@@ -790,7 +815,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", action="store_true", help="the long schedule (make chaos)")
     ap.add_argument("--keep", type=Path, help="work directory to keep (default: a temporary one, removed if OK)")
     ap.add_argument("--schedule", action="store_true", help="print the schedule and exit")
+    ap.add_argument("--rejudge", type=Path, metavar="DIR", help="judge a kept work directory again and exit")
     args = ap.parse_args(argv)
+    if args.rejudge:
+        report = rejudge(args.rejudge)
+        print(report.text())
+        return 0 if report.ok else 1
     settings = LONG if args.long else SHORT
     if args.schedule:
         for e in make_schedule(args.seed, settings):

@@ -206,3 +206,25 @@ def test_a_queue_with_nothing_left_to_consume_is_an_idle_takeover(tmp_path: Path
     # with a message left behind, a missing takeover is not idle
     r = run(tmp_path, 5, consumed([0, 1, 2, 3], "A", 10), consumed([4], "A", 310), pauses=[Pause("A", 100, 300)])
     assert [(t.ms, t.idle) for t in r.takeovers] == [(None, False)]
+
+
+def test_a_call_stamped_at_sigcont_continuing_where_it_stopped_is_a_late_completion(tmp_path: Path) -> None:
+    # A checked its lease and was stopped before its listener began: the call for offset 4 is stamped at SIGCONT
+    # (chaos seed 14). It continues exactly where A stopped, so it is the late completion the rule allows.
+    b = [{**r, "consume_time": 200 + 20 * i} for i, r in enumerate(consumed(list(range(3, 12)), "B", 0))]
+    a = [{**r, "start_time": 300} for r in consumed([4], "A", 300)]
+    r = run(tmp_path, 12, consumed([0, 1, 2, 3], "A", 10), b, a, pauses=[Pause("A", 100, 300)], lease_ms=50)
+    assert r.ok and r.late_completions == 1 and r.started_after_lease == 0, r.text()
+
+
+def test_a_queue_scope_late_completion_on_a_queue_judged_per_key_follows_queue_order(tmp_path: Path) -> None:
+    # A (queue scope) consumed 0..4, replayed 3 after a broker restart and was paused with 4 in its listener; K (key
+    # scope) took over; A's call for 4 returned after SIGCONT. In queue order it continues where A stopped (3 -> 4):
+    # a late completion, although A's last record of key k0 before the pause was 4 itself (chaos seed 14)
+    crash = BrokerCrash("b", 20, 30, {Q: 3})
+    a = consumed([0, 1, 2, 3, 4], "A", 10) + consumed([3], "A", 40)
+    late = [{**r, "start_time": 300} for r in keyed([4], "A", 301)]
+    r = run(tmp_path, 8, a, keyed([4, 5, 6, 7], "K", 200), late, pauses=[Pause("A", 100, 300)],
+            broker_crashes=[crash], key_scope_clients=["K"], lease_ms=50)
+    assert r.ok, r.text()
+    assert r.late_completions == 1 and r.started_after_lease == 0

@@ -50,10 +50,12 @@ Extras for the chaos suite (tests/chaos/; all optional, the rules above are unch
   the paused consumer on such a queue, right after SIGCONT (within ``late_window_ms``) and continuing exactly
   where it had stopped, are counted as late completions and left out of the order rules (they are
   duplicates the lock protocol cannot prevent; their offset commits must be fenced). Records that carry
-  ``start_time`` (when their listener call began) are judged exactly instead: every record of the paused consumer
+  ``start_time`` (when their listener call began) are also judged exactly: every record of the paused consumer
   whose call began before SIGCONT and completed after it, once another consumer consumed the queue (or, in key
-  scope, the key) after the SIGSTOP, is a late completion, however many keys were in flight. Anything more is
-  judged normally (a resumed consumer re-consuming a queue it lost is a violation).
+  scope, the key) after the SIGSTOP, is a late completion, however many keys were in flight. (The rule before
+  still applies to them: a SIGSTOP between the client's lease check and its listener call gives a call stamped
+  after SIGCONT.) Anything more is judged normally (a resumed consumer re-consuming a queue it lost is a
+  violation).
 * :class:`BrokerCrash`: a broker restarted after SIGKILL reloads the committed offsets it had persisted
   (``persisted``), possibly older than the last commits. On each of its queues, the first redelivery after
   the crash (by any consumer, within ``broker_replay_window_ms`` of the restart) is an allowed replay when it
@@ -351,9 +353,17 @@ def check(
 
     late: set[int] = set()  # id() of late completions (left out of the order rules)
     if pauses:
-        for q_parts in parts.values():
+        # a paused key-scope consumer is followed per key, a queue-scope one in queue order even where the queue is
+        # judged per key (chaos seed 14: a queue-scope consumer's in-flight message of a queue the key-scope one
+        # had consumed, whose key's previous message another consumer had)
+        key_pauses = [p for p in pauses if p.client_id in key_scope]
+        queue_pauses = [p for p in pauses if p.client_id not in key_scope]
+        for q, q_parts in parts.items():
             for recs, _, succ in q_parts:
-                late |= _late_completions(recs, pauses, late_batch, late_window_ms, succ)
+                late |= _late_completions(recs, key_pauses if succ is not None else pauses, late_batch,
+                                          late_window_ms, succ)
+            if q_parts[0][2] is not None:  # judged per key
+                late |= _late_completions(by_queue[q], queue_pauses, late_batch, late_window_ms)
         report.late_completions = len(late)
     allowed_replay: set[int] = set()  # id() of records that are allowed replays
     bad: dict[int, str] = {}  # id() of records -> violation text
@@ -436,8 +446,9 @@ def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batc
         for r in after[:late_batch]:
             t = int(r["consume_time"])
             taken_over = any(x["client_id"] != p.client_id and p.stop_ms < int(x["consume_time"]) <= t for x in recs)
-            if (t > p.cont_ms + window_ms or int(r["queue_offset"]) != expected or not taken_over
-                    or "start_time" in r):  # a stamped record was judged exactly above
+            # also for stamped records: the client checks its lease before it calls the listener, and a SIGSTOP
+            # between the two makes a call whose stamp follows SIGCONT (chaos seed 14: start_time == cont_ms)
+            if t > p.cont_ms + window_ms or int(r["queue_offset"]) != expected or not taken_over:
                 break
             out.add(id(r))
             expected = nxt(expected)

@@ -228,3 +228,17 @@ def test_a_queue_scope_late_completion_on_a_queue_judged_per_key_follows_queue_o
             broker_crashes=[crash], key_scope_clients=["K"], lease_ms=50)
     assert r.ok, r.text()
     assert r.late_completions == 1 and r.started_after_lease == 0
+
+
+def test_a_broker_restart_in_between_is_no_sign_the_other_consumer_still_held_the_queue(tmp_path: Path) -> None:
+    # A was paused (100-300); B took over and consumed up to 7; the broker restarted at 170 (persisted offset 5), which
+    # forgets its locks; A resumed, locked the queue and replayed from 5 at 400 (chaos seed 22). B's records before the
+    # restart prove nothing about who held the queue after it.
+    b = [{**r, "consume_time": 150 + i} for i, r in enumerate(consumed([3, 4, 5, 6, 7], "B", 0))]
+    a2 = [{**r, "start_time": 400} for r in consumed([5, 6, 7], "A", 400)]
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3], "A", 10), b, a2, pauses=[Pause("A", 100, 300)],
+            broker_crashes=[BrokerCrash("b", 170, 180, {Q: 5})], lease_ms=50)
+    assert r.ok and r.started_after_lease == 0, r.text()
+    # without the restart, the same records are a start after the lease (and a replay nobody allowed)
+    r = run(tmp_path, 8, consumed([0, 1, 2, 3], "A", 10), b, a2, pauses=[Pause("A", 100, 300)], lease_ms=50)
+    assert r.started_after_lease == 3 and not r.ok

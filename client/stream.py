@@ -17,8 +17,10 @@ committed) or SUSPEND_CURRENT_QUEUE_A_MOMENT (orderly: the batch is retried in p
 committed only after your code processed its message: at-least-once, as with a listener.
 
 Messages are handed out as the consume service delivers them: concurrently up to ``consume_thread_max``
-listener calls (so that many batches may wait in the stream), orderly one batch per queue at a time. Processing
-them one by one in the ``async for`` body is sequential; start tasks to process several at once.
+listener calls (so that many batches may wait in the stream), orderly one batch per queue at a time. A concurrent
+stream does not keep queue order (its calls race, as in RocketMQ's concurrent mode): use
+``messages(orderly=True)`` for that. Processing them one by one in the ``async for`` body is sequential; start
+tasks to process several at once.
 
 The stream works in trio tasks and in asyncio (consumers entered from asyncio, trimq.client.aio). When the
 consumer shuts down the iteration ends; messages never handed out are not committed (the next owner of their

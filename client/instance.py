@@ -325,6 +325,9 @@ class ClientInstance:
         add_close_listener = getattr(self.remoting, "add_close_listener", None)
         if add_close_listener is not None:
             add_close_listener(self._on_connection_closed)
+        add_open_listener = getattr(self.remoting, "add_open_listener", None)
+        if add_open_listener is not None:
+            add_open_listener(self._on_connection_opened)
         self._running = True
         self._nursery.start_soon(self._route_loop)
         self._nursery.start_soon(self._heartbeat_loop)
@@ -840,6 +843,12 @@ class ClientInstance:
     async def _wake_lease_loop_after(self, delay_s: float) -> None:
         await trio.sleep(delay_s)
         self._lease_wakeup.set()
+
+    def _on_connection_opened(self, addr: str) -> None:
+        # A new connection to ``addr`` was just established: it is reachable, whatever an earlier failure said.
+        # Without this, offsets kept going to the slave for UNREACHABLE_MS after a restarted master was back and
+        # had already granted this client a lock (chaos seed 23: the slave's older offset rewound a queue).
+        self._unreachable.pop(addr, None)
 
     def _on_connection_closed(self, addr: str) -> None:
         # Called by the transport the moment a connection closes. A broker may have died: refresh the routes now

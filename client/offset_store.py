@@ -222,8 +222,11 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         return offset
 
     async def fetch_consume_offset_from_broker(self, mq: MessageQueue) -> int:
-        """QUERY_CONSUMER_OFFSET on the queue's broker; raises OffsetNotFoundError when none is stored."""
-        addr = await self._addr(mq)
+        """QUERY_CONSUMER_OFFSET on the queue's broker; raises OffsetNotFoundError when none is stored. A queue held
+        under a lock (it has a lock epoch) is read from the master, where the lock and the group's latest commits
+        are: a slave's copy lags by a sync interval, and starting from it would re-consume what the previous
+        holder committed (chaos seed 23)."""
+        addr = await self._addr(mq, master=mq in self._lock_epochs)
         offset, generation = await self.broker.api.query_consumer_offset_generation(
             addr, self.consumer_group, mq, timeout_ms=self.timeout_ms)
         self.set_reset_generation(mq, generation)
@@ -231,9 +234,9 @@ class RemoteBrokerOffsetStore(_MemoryOps):
             raise OffsetNotFoundError(ResponseCode.QUERY_NOT_FOUND, "no offset stored", addr, "QUERY_CONSUMER_OFFSET")
         return offset
 
-    async def _addr(self, mq: MessageQueue) -> str:
+    async def _addr(self, mq: MessageQueue, *, master: bool = False) -> str:
         find = getattr(self.broker, "find_broker_addr_for_offsets", None)  # (fakes in tests: the master only)
-        if find is not None:
+        if find is not None and not master:
             addr = await find(mq.broker_name, mq.topic)
         else:
             addr = await self.broker.find_broker_addr(mq.broker_name, mq.topic)

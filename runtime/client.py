@@ -210,6 +210,7 @@ class RemotingClient:
         self._nursery: trio.Nursery | None = None
         self._closed = False
         self._close_listeners: list[Callable[[str], None]] = []
+        self._open_listeners: list[Callable[[str], None]] = []
 
     async def __aenter__(self) -> RemotingClient:
         self._nursery_manager = trio.open_nursery()
@@ -231,6 +232,11 @@ class RemotingClient:
         peer closed it, it broke, or :meth:`close_address` closed it. Orderly consumers stop starting batches
         of a broker's queues at that moment (their lease may be gone; client.rebalance.impl)."""
         self._close_listeners.append(listener)
+
+    def add_open_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(addr)`` (synchronously) whenever a new connection to ``addr`` is established: the peer
+        is reachable again (the client instance stops avoiding it for reads and offsets at once)."""
+        self._open_listeners.append(listener)
 
     def _connection_closed(self, addr: str) -> None:
         for listener in list(self._close_listeners):
@@ -276,6 +282,11 @@ class RemotingClient:
             ch = _Channel(self, addr, stream)
             self._channels[addr] = ch
             self._nursery.start_soon(self._run_channel, ch)
+            for listener in list(self._open_listeners):
+                try:
+                    listener(addr)
+                except Exception:
+                    log.exception("connection.open_listener_failed", addr=addr)
             return ch
 
     async def _run_channel(self, ch: _Channel) -> None:

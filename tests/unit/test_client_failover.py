@@ -90,3 +90,18 @@ async def test_a_closed_broker_connection_refreshes_routes_at_once_and_in_a_burs
         assert back == ["broker-a"] and client.find_broker_addr_in_subscribe("broker-a") == (MASTER, 0)
         await trio.sleep(60)  # masters everywhere: back to the 30 s poll
         assert len(ns.fetches) <= n + 3 + 2
+
+
+async def test_a_new_connection_ends_the_avoidance_of_its_address() -> None:
+    """Chaos seed 23: a broker marked unreachable stayed avoided for UNREACHABLE_MS even after the client had
+    connected to it again and been granted locks there. Real sockets, so no MockClock (nothing here waits)."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, lambda stream: trio.sleep_forever(), 0)
+        port = listeners[0].socket.getsockname()[1]
+        addr = f"127.0.0.1:{port}"
+        async with ClientInstance(ClientConfig(client_ip="1.2.3.4", namesrv_addr="127.0.0.1:9")) as client:
+            client.note_failure(addr, RemotingConnectError("connection broken"))
+            assert not client.is_reachable(addr)
+            await client.remoting._channel(addr)  # what any request to it does first
+            assert client.is_reachable(addr)
+        nursery.cancel_scope.cancel()

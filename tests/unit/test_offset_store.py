@@ -233,3 +233,32 @@ async def test_remote_persist_sends_the_current_offset_one_update_per_queue_at_a
         nursery.start_soon(store.persist, mq(0))
     assert b.api.stored[(G, mq(1))] == 9 and b.api.stored[(G, mq(0))] == 7
     assert not overlaps
+
+
+async def test_a_locked_queue_reads_its_start_offset_from_the_master() -> None:
+    """Chaos seed 23: an orderly consumer that had just been granted a queue's lock by the master still avoided
+    that master (an earlier broken connection) and read the queue's offset from the slave, whose copy lagged the
+    previous holder's commits: it re-consumed ~200 messages. A queue held under a lock reads where the lock is."""
+
+    class Routed(FakeBroker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list[str] = []
+            query = self.api.query_consumer_offset
+
+            async def recording(addr: str, group: str, m: MessageQueue, *, timeout_ms: Any = None) -> int:
+                self.asked.append(addr)
+                return await query(addr, group, m, timeout_ms=timeout_ms)
+
+            self.api.query_consumer_offset = recording  # type: ignore[method-assign]
+
+        async def find_broker_addr_for_offsets(self, broker_name: str, topic: str | None = None) -> str | None:
+            return "127.0.0.1:9"  # the slave: the master is being avoided
+
+    b = Routed()
+    store = RemoteBrokerOffsetStore(G, b)  # type: ignore[arg-type]
+    b.api.stored[(G, mq(0))] = 7
+    await store.read_offset(mq(0), READ_FROM_STORE)  # no lock: where offsets go while the master is avoided
+    store.set_lock_epoch(mq(0), 3)
+    assert await store.read_offset(mq(0), READ_FROM_STORE) == 7
+    assert b.asked == ["127.0.0.1:9", "127.0.0.1:1"]

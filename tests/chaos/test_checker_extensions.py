@@ -242,3 +242,18 @@ def test_a_broker_restart_in_between_is_no_sign_the_other_consumer_still_held_th
     # without the restart, the same records are a start after the lease (and a replay nobody allowed)
     r = run(tmp_path, 8, consumed([0, 1, 2, 3], "A", 10), b, a2, pauses=[Pause("A", 100, 300)], lease_ms=50)
     assert r.started_after_lease == 3 and not r.ok
+
+
+def test_a_consumer_resuming_its_queue_after_a_broker_restart_in_its_pause_is_its_next_owner(tmp_path: Path) -> None:
+    # A consumed 0..3 and was paused at 100; the queue's broker was killed at 150 and served again from 200, its
+    # restart grace holding the queue for the lease; A came back at 300 and, first to lock it, went on from 4
+    # (chaos seed 24: "never consumed again" although it was). Without the broker's restart it stays a failure.
+    parts = (consumed([0, 1, 2, 3], "A", 10), consumed([4, 5], "A", 320))
+    r = run(tmp_path, 6, *parts, pauses=[Pause("A", 100, 300)], broker_crashes=[BrokerCrash("b", 150, 200, {Q: 4})])
+    assert r.ok, r.text()
+    assert [(t.new_owner, t.ms, t.resumed) for t in r.takeovers] == [("A", 220, True)] and "q0=220 resumed" in r.text()
+    r = run(tmp_path, 6, *parts, pauses=[Pause("A", 100, 300)])
+    assert [(t.ms, t.idle, t.resumed) for t in r.takeovers] == [(None, False, False)]
+    # a broker restart after SIGCONT does not count
+    r = run(tmp_path, 6, *parts, pauses=[Pause("A", 100, 300)], broker_crashes=[BrokerCrash("b", 310, 315, {Q: 4})])
+    assert [(t.ms, t.resumed) for t in r.takeovers] == [(None, False)]

@@ -31,6 +31,9 @@ their ``consume_time``, ties kept in file order):
   to consume there), the delay from the signal to the first record on that queue by another consumer.
   (It includes waiting for a message to arrive, so measure while producing.) A queue with no acknowledged
   message beyond what was consumed before the stop, and no record after it, is **idle**: no takeover can be seen.
+  A paused consumer that consumed the queue itself after SIGCONT, nobody else having done so, counts as the
+  queue's next owner (**resumed**) only when the queue's broker was killed during the pause (its restart grace
+  held the queue for the lease's length, so the resumed consumer could be the first to lock it afterwards).
 * Every produced message must be consumed at least once (**missing** otherwise).
 * **Weaker answers** (a producer record's ``status``; none means SEND_OK): a SYNC_MASTER answers FLUSH_SLAVE_TIMEOUT
   or SLAVE_NOT_AVAILABLE (and any master FLUSH_DISK_TIMEOUT) for a message it stored without its promise, which
@@ -150,6 +153,10 @@ class Takeover:
     # nobody had anything to take over: no acknowledged message on the queue beyond what was consumed before the stop
     # (then ``ms`` is None, and no takeover can be seen in the records)
     idle: bool = False
+    # a paused consumer went on with the queue itself after SIGCONT, nobody else having consumed it meanwhile, and
+    # the queue's broker restarted during the pause: its restart grace (a lease) kept the queue from the others, so
+    # the first to lock it after the grace could be the resumed consumer (chaos seed 24); ``ms`` counts to its record
+    resumed: bool = False
 
 
 @dataclass
@@ -217,7 +224,8 @@ class Report:
         for (cid, graceful, kind), ts in groups.items():
             label = kind or ("graceful" if graceful else "crash")
             vals = ", ".join(f"{'' if len({x.queue[1] for x in ts}) == 1 else x.queue[1] + '/'}q{x.queue[2]}="
-                             f"{('idle' if x.idle else '-') if x.ms is None else x.ms}" for x in ts)
+                             f"{('idle' if x.idle else '-') if x.ms is None else x.ms}{' resumed' if x.resumed else ''}"
+                             for x in ts)
             known = [x.ms for x in ts if x.ms is not None]
             worst = max(known) if known and len(known) == len([x for x in ts if not x.idle]) else None
             lines.append(f"takeover after {label} stop of {cid}: max {worst} ms ({vals})")
@@ -384,7 +392,7 @@ def check(
             _started_after_lease(q, recs, pauses, late, lease_ms, crash_times, report, key_scope,
                                  [c.time_ms for c in crashes if c.broker == q[1]])
     _check_keys([c for c in consumed if id(c[3]) not in late], produced, key_seqs, allowed_replay, bad, report)
-    report.takeovers = _takeovers(stops, by_queue, acked_offsets)
+    report.takeovers = _takeovers(stops, by_queue, acked_offsets, pauses, crashes)
     return report
 
 
@@ -697,20 +705,28 @@ def _check_keys(consumed: list[tuple[int, int, int, dict[str, Any]]], produced: 
 
 
 def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]],
-               acked: Mapping[Queue, list[int]]) -> list[Takeover]:
+               acked: Mapping[Queue, list[int]], pauses: Sequence[Pause] = (),
+               crashes: Sequence[BrokerCrash] = ()) -> list[Takeover]:
     out = []
     for s in stops:
+        pause = next((p for p in pauses if s.kind == "pause" and p.client_id == s.client_id
+                      and p.stop_ms == s.time_ms), None)
         for q, recs in sorted(by_queue.items()):
             before = [r for r in recs if int(r["consume_time"]) <= s.time_ms]
             if not before or before[-1]["client_id"] != s.client_id:
                 continue
             after = next((r for r in recs if int(r["consume_time"]) >= s.time_ms and r["client_id"] != s.client_id),
                          None)
+            resumed = False
+            if after is None and pause is not None and any(
+                    c.broker == q[1] and pause.stop_ms < c.time_ms < pause.cont_ms for c in crashes):
+                after = next((r for r in recs if int(r["consume_time"]) >= pause.cont_ms), None)
+                resumed = after is not None
             # an idle queue shows no takeover (chaos seed 11: the producer's last seconds all went to the other
             # broker, whose queues the survivor locked but had nothing to consume from)
             idle = after is None and max(acked.get(q, [-1])) <= max(int(r["queue_offset"]) for r in before)
             out.append(Takeover(s.client_id, q, s.graceful, after["client_id"] if after else None,
-                                int(after["consume_time"]) - s.time_ms if after else None, s.kind, idle))
+                                int(after["consume_time"]) - s.time_ms if after else None, s.kind, idle, resumed))
     return out
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trimq.spark_jobs.parser import SegmentSplit
-from trimq.spark_jobs.vectorized import VectorScanner, column_type
+from trimq.spark_jobs.vectorized import DEFAULT_VECTOR_BATCH_SIZE, VectorScanner, column_type
 
 PARTIAL_FIELDS = (
     ("kind", pa.string()),
@@ -52,7 +52,7 @@ class SplitPartials:
     """Reads one split with ``VectorScanner(columns=record_columns)`` and yields partial rows."""
 
     def __init__(self, split: SegmentSplit, record_columns: Sequence[str], *, since_ms: int | None = None,
-                 batch_size: int = 8192, max_record_size: int | None = None) -> None:
+                 batch_size: int = DEFAULT_VECTOR_BATCH_SIZE, max_record_size: int | None = None) -> None:
         self.split = split
         self.cols = tuple(record_columns)
         self.schema = partials_schema(self.cols)

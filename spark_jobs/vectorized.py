@@ -17,7 +17,10 @@ well-formed message records are then decoded all at once:
   offsets interleave the wanted slices with the bytes between them (no Python per record); property
   maps are split with Arrow compute kernels; host strings are formatted once per distinct host;
   message ids are hex-encoded with a lookup table;
-* only the body CRC costs one call per record (``zlib.crc32`` on a memoryview slice).
+* only the body CRC costs one call per record (ISA-L's ``crc32`` from the ``isal`` package, zlib's where it
+  is missing: the same CRC-32);
+* record starts come from the consume queues where they have them (``cq_positions``), checked against the
+  bytes, instead of a walk over every size field.
 
 Anything else (a bad magic, zeros, a filler, an overrun, lengths that do not add up, text that is not
 UTF-8, a property map with a repeated name) goes to the sequential walker for exactly one record or
@@ -40,9 +43,9 @@ import pyarrow.compute as pc
 from trimq.protocol.message import MessageConst
 from trimq.protocol.record import MESSAGE_MAGIC_CODE
 from trimq.protocol.validation import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
+from trimq.spark_jobs.cq_positions import ConsumeQueuePositions, consume_queue_root
 from trimq.spark_jobs.parser import (
     COLUMN_INDEX,
-    DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_RECORD_SIZE,
     MIN_RECORD_SIZE,
     RowBatch,
@@ -52,6 +55,14 @@ from trimq.spark_jobs.parser import (
 )
 
 DEFAULT_VECTOR_WINDOW = 8 * 1024 * 1024
+#: Rows per batch: the per-batch costs (the derived columns' per-queue and per-key state, Arrow kernels' setup)
+#: are amortised over more rows than the sequential parser's 8192 (measured: -10% CPU per row at 32768).
+DEFAULT_VECTOR_BATCH_SIZE = 32768
+
+try:  # ISA-L's CRC-32: zlib's polynomial, ~60 ns instead of ~200 ns for a 256-byte body (one call per record)
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - an executor without isal reads the same, slower
+    _crc32 = zlib.crc32
 
 MAP_TYPE = pa.map_(pa.string(), pa.string())
 ARROW_RECORD_SCHEMA = pa.schema(
@@ -248,9 +259,10 @@ class VectorScanner:
         *,
         columns: Sequence[str] | None = None,
         include_body: bool = False,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int = DEFAULT_VECTOR_BATCH_SIZE,
         max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
         window: int = DEFAULT_VECTOR_WINDOW,
+        use_consume_queues: bool = True,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch size must be positive, got {batch_size}")
@@ -279,6 +291,8 @@ class VectorScanner:
         self._hosts: dict[bytes, str] = {}
         self._queue_state: dict[tuple[str, int], int] = {}
         self._key_state: dict[tuple[str, str], int] = {}
+        self.use_consume_queues = use_consume_queues
+        self.walked_records = 0  # record starts found by walking the size fields (not proposed by a consume queue)
         self.fast_records = 0  # records decoded vectorised (for tests and the benchmark)
         self.slow_items = 0  # records or regions handed to the sequential walker
 
@@ -301,11 +315,16 @@ class VectorScanner:
                                 max_record_size=self.max_record_size)
             slow._fd = fd
             slow._size = size_f
-            yield from self._run(fd, size_f, slow)
+            cq = None
+            root = consume_queue_root(split.path) if self.use_consume_queues else None
+            if root is not None and split.base_offset is not None:
+                cq = ConsumeQueuePositions(root, split.base_offset, size_f)
+            yield from self._run(fd, size_f, slow, cq)
         finally:
             os.close(fd)
 
-    def _run(self, fd: int, size_f: int, slow: SplitScanner) -> Iterator[pa.RecordBatch]:
+    def _run(self, fd: int, size_f: int, slow: SplitScanner,
+             cq: ConsumeQueuePositions | None = None) -> Iterator[pa.RecordBatch]:
         split = self.split
         pos: int | None = 0 if split.start == 0 else slow._sync(split.start, split.end)
         if pos is None:
@@ -343,26 +362,38 @@ class VectorScanner:
                         continue
                     fast = True
             if fast:
-                # The tight walk: size fields only, within the window and the owned range.
                 lim = min(owned_end - wstart, blen)
-                positions: list[int] = []
-                app = positions.append
-                p = rel
-                n = 0
-                while p < lim and n < batch_size and p + 8 <= blen:
-                    size, magic = unpack(buf, p)
-                    if magic != msg_magic or size < MIN_RECORD_SIZE or p + size > blen:
-                        break
-                    app(p)
-                    p += size
-                    n += 1
+                positions: np.ndarray | list[int] = []
+                if cq is not None:
+                    positions, p = self._proposed_run(buf, wstart, rel, lim, cq)
+                if not len(positions):
+                    # The tight walk: size fields only, within the window and the owned range, up to the next
+                    # start a consume queue proposes (where the proposals take over again).
+                    stop = lim
+                    if cq is not None:
+                        nxt = cq.next_after(wstart + rel)
+                        if nxt is not None:
+                            stop = min(stop, nxt - wstart)
+                    walked: list[int] = []
+                    app = walked.append
+                    p = rel
+                    n = 0
+                    while p < stop and n < batch_size and p + 8 <= blen:
+                        size, magic = unpack(buf, p)
+                        if magic != msg_magic or size < MIN_RECORD_SIZE or p + size > blen:
+                            break
+                        app(p)
+                        p += size
+                        n += 1
+                    self.walked_records += n
+                    positions = walked
                 done = self._decode_run(buf, wstart, positions)
                 if done:
                     yield self._finish(done[0], done[1])
                 if done is not None and done[1] == len(positions):
                     pos = wstart + p
                     continue
-                pos = wstart + positions[0 if done is None else done[1]]
+                pos = wstart + int(positions[0 if done is None else done[1]])
             # One record or region the fast path does not take: the sequential walker decides.
             self.slow_items += 1
             walk = slow._walk(start=pos, owned_end=owned_end, end_checked=end_checked, one_item=True)
@@ -379,10 +410,31 @@ class VectorScanner:
             pos = nxt_pos
             buf = b""  # the walker may have moved far (resynchronised): read afresh
 
+    def _proposed_run(self, buf: bytes, wstart: int, rel: int, lim: int,
+                      cq: ConsumeQueuePositions) -> tuple[np.ndarray, int]:
+        """The record starts the consume queues propose from ``rel`` on (window-relative), as far as the bytes
+        confirm them exactly as the walk would: each has the message magic, a plausible size that fits the window,
+        and ends where the next one starts. At most ``batch_size``, below ``lim``. Returns the starts and where
+        the last one ends (empty when ``rel`` itself is not proposed)."""
+        prop = cq.at_or_after(wstart + rel, wstart + lim)
+        if not len(prop) or int(prop[0]) != wstart + rel:
+            return prop[:0], rel
+        r = prop[: self.batch_size] - wstart
+        blen = len(buf)
+        r = r[r + 8 <= blen]
+        size = np.ndarray((blen - 3,), dtype=">i4", buffer=buf, strides=(1,))[r].astype(np.int64)
+        magic = np.ndarray((blen - 7,), dtype=">u4", buffer=buf, offset=4, strides=(1,))[r]
+        good = (magic == MESSAGE_MAGIC_CODE) & (size >= MIN_RECORD_SIZE) & (r + size <= blen)
+        good[1:] &= r[1:] == r[:-1] + size[:-1]  # the chain: a gap (an unlisted record) ends the run
+        k = len(r) if good.all() else int(np.argmin(good))
+        if k == 0:
+            return r[:0], rel
+        return r[:k], int(r[k - 1] + size[k - 1])
+
     # -- vectorised decoding ---------------------------------------------------------------------------
 
     def _decode_run(
-        self, buf: bytes, wstart: int, positions: list[int]
+        self, buf: bytes, wstart: int, positions: np.ndarray | list[int]
     ) -> tuple[dict[str, pa.Array], int] | None:
         """Decode the records at ``positions`` (relative to the window). Returns the columns of the first
         k records and k (the records after the first irregular one are not decoded), or None when k = 0."""
@@ -462,7 +514,7 @@ class VectorScanner:
         if "body_crc" in need:
             cols["body_crc"] = pa.array(crc)
         if "crc_ok" in need:
-            crc32 = zlib.crc32
+            crc32 = _crc32
             got = np.fromiter(
                 map(crc32, map(buf.__getitem__, map(slice, b0.tolist(), (b0 + body_len).tolist()))),
                 dtype=np.int64, count=n,
@@ -641,9 +693,14 @@ class VectorScanner:
             enc = pc.dictionary_encode(keys)
             width = len(enc.dictionary)
             code = parents * width + np.asarray(enc.indices).astype(np.int64)
-            uniq, counts = np.unique(code, return_counts=True)
-            if len(uniq) != len(code):
-                raise _Irregular(int(uniq[counts > 1].min() // width))
+            if n * width <= 1 << 24:  # a name twice in one record: count per (record, name) (cheaper than a sort)
+                counts = np.bincount(code, minlength=n * width)
+                if counts.max(initial=0) > 1:
+                    raise _Irregular(int(np.flatnonzero(counts > 1)[0] // width))
+            else:
+                uniq, counts = np.unique(code, return_counts=True)
+                if len(uniq) != len(code):
+                    raise _Irregular(int(uniq[counts > 1].min() // width))
         counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, dtype=np.int64)
         offs = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(counts, out=offs[1:])

@@ -306,7 +306,7 @@ async def test_orderly_group_status_skip_dlq_progress_locks_reset(addr: str) -> 
             assert json.loads(unknown.stdout)["failed"][0]["msgId"] == "0" * 32
 
             # reset by time while online: every queue back to 0, the member restarts them from there
-            before = sum(1 for _, _, b in consumed if b == b"n0")
+            before = {body: sum(1 for _, _, b in consumed if b == body) for body in (b"m0", b"n0")}
             # the plan first: nothing changes without --execute
             plan = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "0"))
             assert plan["dryRun"] is True and plan["online"] is True and plan["clients"] == []
@@ -320,8 +320,12 @@ async def test_orderly_group_status_skip_dlq_progress_locks_reset(addr: str) -> 
             assert reset["dryRun"] is False and reset["resetGenerations"] == {BROKER_NAME: 1}
             assert [(q["queueId"], q["previousOffset"], q["offset"]) for q in reset["queues"]] == [(0, 5, 0), (1, 3, 0)]
             (member,) = reset["clients"]
-            assert member["clientId"] == cid and member["ok"] is True and member["queues"] == 2
-            await wait_until(lambda: sum(1 for _, _, b in consumed if b == b"n0") == before + 1)
+            # "queues" counts the queues the notice found held: a commit the broker refused as made before the
+            # reset (the generation moved first) makes the member drop and re-read that queue, and the notice may
+            # land while it is out of the table (1 in ~15 runs here); either way both queues start over at 0.
+            assert member["clientId"] == cid and member["ok"] is True and member["queues"] in (1, 2)
+            await wait_until(lambda: all(sum(1 for _, _, b in consumed if b == body) >= n + 1
+                                         for body, n in before.items()))
 
         # offline: the broker writes the offsets itself
         reset = ok(await aadmin(addr, "consumer", "reset-offset", "-g", group, "-t", topic, "--timestamp", "now",

@@ -9,7 +9,6 @@ after the request that changes it has been answered (the gauges are computed at 
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,13 +29,6 @@ QUIET = {"flush_interval_ms": 60_000, "register_broker_interval_ms": 600_000}
 OPERATIONS_MD = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the metrics port must be concrete: 0 means off)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def scrape(address: tuple[str, int]) -> tuple[str, Samples]:
@@ -89,7 +81,7 @@ def lag(samples: Samples, group: str, topic: str, queue_id: int) -> float | None
 async def test_broker_endpoint_parses_and_the_lag_gauge_follows_the_consumer(
     broker_factory: Callable[..., Any], rclient: RemotingClient
 ) -> None:
-    async with broker_factory(metrics_port=free_port(), **QUIET) as b:
+    async with broker_factory(metrics_port=0, **QUIET) as b:
         assert b.metrics is not None and b.metrics.address is not None
         addr = b.address
         await send(rclient, addr, "LagTopic", 5)
@@ -132,7 +124,7 @@ async def test_broker_endpoint_parses_and_the_lag_gauge_follows_the_consumer(
 async def test_locks_fencing_and_connections_per_group(
     broker_factory: Callable[..., Any], rclient: RemotingClient
 ) -> None:
-    async with broker_factory(metrics_port=free_port(), **QUIET) as b:
+    async with broker_factory(metrics_port=0, **QUIET) as b:
         addr = b.address
         await send(rclient, addr, "Orders", 3)
         hb = {"clientID": "A", "language": "PYTHON", "version": "0.1.0", "producerDataSet": [{"groupName": "pg"}],
@@ -169,8 +161,8 @@ async def test_locks_fencing_and_connections_per_group(
 async def test_two_brokers_in_one_process_have_their_own_registries(
     broker_factory: Callable[..., Any], rclient: RemotingClient
 ) -> None:
-    async with broker_factory(metrics_port=free_port(), broker_name="broker-a", **QUIET) as a, \
-            broker_factory(metrics_port=free_port(), broker_name="broker-b", **QUIET) as b:
+    async with broker_factory(metrics_port=0, broker_name="broker-a", **QUIET) as a, \
+            broker_factory(metrics_port=0, broker_name="broker-b", **QUIET) as b:
         await send(rclient, a.address, "OnlyOnA", 2)
         _, sa = await scrape(a.metrics.address)
         _, sb = await scrape(b.metrics.address)
@@ -194,10 +186,10 @@ async def healthz(address: tuple[str, int]) -> str:
 async def test_healthz_of_both_daemons_is_200_while_they_serve(
     broker_factory: Callable[..., Any]
 ) -> None:
-    async with open_namesrv(config=NamesrvConfig(listen="127.0.0.1:0", metrics_port=free_port())) as ns:
+    async with open_namesrv(config=NamesrvConfig(listen="127.0.0.1:0", metrics_port=0)) as ns:
         assert ns.metrics is not None and ns.metrics.address is not None
         assert await healthz(ns.metrics.address) == "HTTP/1.1 200 OK"
-    async with broker_factory(metrics_port=free_port(), **QUIET) as b:
+    async with broker_factory(metrics_port=0, **QUIET) as b:
         assert await healthz(b.metrics.address) == "HTTP/1.1 200 OK"
         b.shutdown()  # the drain has begun: /healthz answers 503 from now on (tests/unit/test_metrics_http.py)
         assert not b.server.serving
@@ -213,7 +205,7 @@ async def test_metrics_off_by_default(broker_factory: Callable[..., Any]) -> Non
 async def test_a_failing_part_does_not_break_the_scrape(
     broker_factory: Callable[..., Any], rclient: RemotingClient
 ) -> None:
-    async with broker_factory(metrics_port=free_port(), **QUIET) as b:
+    async with broker_factory(metrics_port=0, **QUIET) as b:
         class Broken:
             def encode(self) -> dict[str, Any]:
                 raise RuntimeError("boom")
@@ -230,7 +222,7 @@ async def test_a_failing_part_does_not_break_the_scrape(
 
 
 async def test_name_server_metrics(broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
-    cfg = NamesrvConfig(listen="127.0.0.1:0", metrics_port=free_port())
+    cfg = NamesrvConfig(listen="127.0.0.1:0", metrics_port=0)
     async with open_namesrv(config=cfg) as ns:
         assert ns.metrics is not None and ns.metrics.address is not None
         async with broker_factory(namesrv_addr=ns.address, broker_name="broker-x", cluster_name="C1", **QUIET) as b:
@@ -249,7 +241,7 @@ async def test_name_server_metrics(broker_factory: Callable[..., Any], rclient: 
 
 
 async def test_embedded_name_server_metrics_come_with_the_broker(broker_factory: Callable[..., Any]) -> None:
-    async with broker_factory(metrics_port=free_port(), embedded_namesrv=True, **QUIET) as b:
+    async with broker_factory(metrics_port=0, embedded_namesrv=True, **QUIET) as b:
         register = b.register_service
         with trio.fail_after(10):
             await register.registered.wait()
@@ -259,7 +251,7 @@ async def test_embedded_name_server_metrics_come_with_the_broker(broker_factory:
 
 async def test_unknown_request_codes_share_one_label(broker_factory: Callable[..., Any],
                                                      rclient: RemotingClient) -> None:
-    async with broker_factory(metrics_port=free_port(), **QUIET) as b:
+    async with broker_factory(metrics_port=0, **QUIET) as b:
         for code in (55_501, 55_502, 55_503):
             r = await call(rclient, b.address, code)
             assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
@@ -279,7 +271,7 @@ def test_every_metric_is_documented() -> None:
 async def test_refused_connections_are_counted_and_their_warning_rate_limited(
     broker_factory: Callable[..., Any], rclient: RemotingClient
 ) -> None:
-    async with broker_factory(metrics_port=free_port(), max_connections=1, **QUIET) as b:
+    async with broker_factory(metrics_port=0, max_connections=1, **QUIET) as b:
         r = await call(rclient, b.address, RequestCode.GET_BROKER_RUNTIME_INFO)  # the one allowed connection
         assert r.code is not None
         host, port = b.address.rsplit(":", 1)

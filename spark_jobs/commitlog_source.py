@@ -41,7 +41,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -58,11 +57,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from trimq.spark_jobs.cq_positions import CQ_UNIT_SIZE, CqFile, list_consume_queue_files
 from trimq.spark_jobs.parser import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_RECORD_SIZE,
     DEFAULT_SPLIT_SIZE,
-    SegmentPathError,
     SegmentSplit,
     SplitScanner,
     plan_splits,
@@ -79,7 +78,6 @@ from trimq.spark_jobs.vectorized import (
 
 FORMAT_NAME = "trimq-commitlog"
 CQ_FORMAT_NAME = "trimq-consumequeue"
-CQ_UNIT_SIZE = 20
 
 RECORD_SCHEMA = StructType(
     [
@@ -354,37 +352,6 @@ class CommitLogDataSource(DataSource):
 
 # ---------------------------------------------------------------------------------------------------
 # Consume queues
-
-
-@dataclass(frozen=True)
-class CqFile:
-    path: str
-    topic: str
-    queue_id: int
-    base: int  # byte offset of the file's first unit in the queue's logical file sequence
-
-
-def list_consume_queue_files(path: str) -> list[CqFile]:
-    """The unit files under a store dir's ``consumequeue/`` (or a consumequeue dir itself)."""
-    root = os.path.abspath(os.path.expanduser(path))
-    cq = os.path.join(root, "consumequeue")
-    if os.path.isdir(cq):
-        root = cq
-    if not os.path.isdir(root):
-        raise SegmentPathError(f"{root}: no consumequeue directory")
-    out: list[CqFile] = []
-    for topic in sorted(os.listdir(root)):
-        tdir = os.path.join(root, topic)
-        if not os.path.isdir(tdir):
-            continue
-        for qname in sorted(os.listdir(tdir)):
-            qdir = os.path.join(tdir, qname)
-            if not (qname.isdigit() and os.path.isdir(qdir)):
-                continue
-            for fname in sorted(os.listdir(qdir)):
-                if len(fname) == 20 and fname.isdigit():
-                    out.append(CqFile(os.path.join(qdir, fname), topic, int(qname), int(fname)))
-    return out
 
 
 _CQ_DTYPE = None

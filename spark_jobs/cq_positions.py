@@ -14,15 +14,49 @@ Pure numpy over memory-mapped unit files; no pyspark.
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from trimq.spark_jobs.parser import SegmentPathError
+
 CQ_UNIT_SIZE = 20
 #: Commit-log bytes whose record starts are loaded at once (64 MiB of records: at most ~740k starts, ~6 MB).
 DEFAULT_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class CqFile:
+    path: str
+    topic: str
+    queue_id: int
+    base: int  # byte offset of the file's first unit in the queue's logical file sequence
+
+
+def list_consume_queue_files(path: str) -> list[CqFile]:
+    """The unit files under a store dir's ``consumequeue/`` (or a consumequeue dir itself)."""
+    root = os.path.abspath(os.path.expanduser(path))
+    cq = os.path.join(root, "consumequeue")
+    if os.path.isdir(cq):
+        root = cq
+    if not os.path.isdir(root):
+        raise SegmentPathError(f"{root}: no consumequeue directory")
+    out: list[CqFile] = []
+    for topic in sorted(os.listdir(root)):
+        tdir = os.path.join(root, topic)
+        if not os.path.isdir(tdir):
+            continue
+        for qname in sorted(os.listdir(tdir)):
+            qdir = os.path.join(tdir, qname)
+            if not (qname.isdigit() and os.path.isdir(qdir)):
+                continue
+            for fname in sorted(os.listdir(qdir)):
+                if len(fname) == 20 and fname.isdigit():
+                    out.append(CqFile(os.path.join(qdir, fname), topic, int(qname), int(fname)))
+    return out
 
 
 @dataclass
@@ -43,35 +77,16 @@ def consume_queue_root(segment_path: str) -> str | None:
 
 
 def _offsets_view(mm: mmap.mmap | bytes, count: int) -> np.ndarray:
-    """The commit-log offset (first 8 bytes, big-endian) of each of ``count`` units, as a strided view."""
+    """The commit-log offset (first 8 bytes, big-endian) of each of ``count`` units, as a strided view. Searched
+    with ``bisect`` (element reads only: ``np.searchsorted`` on a big-endian view would convert the whole file)."""
     return np.ndarray((count,), dtype=">i8", buffer=mm, strides=(CQ_UNIT_SIZE,))
-
-
-def _bisect(offs: np.ndarray, value: int) -> int:
-    """The first index whose offset is >= ``value`` in a rising view (element reads only: ``np.searchsorted`` on a
-    big-endian view would convert the whole file first)."""
-    lo, hi = 0, len(offs)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if offs[mid] < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def _written_units(mm: mmap.mmap, total: int) -> int:
     """Units before the zero-filled tail (offset and size both zero): a preallocated file is written from the front."""
     sizes = np.ndarray((total,), dtype=">i4", buffer=mm, offset=8, strides=(CQ_UNIT_SIZE,))
     offs = _offsets_view(mm, total)
-    lo, hi = 0, total  # units [0, lo) are written; [hi, total) are not
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if offs[mid] != 0 or sizes[mid] != 0:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    return bisect.bisect_left(range(total), True, key=lambda i: offs[i] == 0 and sizes[i] == 0)
 
 
 _DESCRIBED: dict[tuple[str, int, int], _UnitFile | None] = {}
@@ -86,29 +101,17 @@ class ConsumeQueuePositions:
     def __init__(self, root: str, segment_base: int, segment_end: int, *, chunk: int = DEFAULT_CHUNK) -> None:
         self.base = segment_base
         self.end = segment_end  # file positions at or beyond it are not this segment's
-        self.chunk = max(int(chunk), 1 << 20)
+        if chunk <= 0:
+            raise ValueError(f"chunk must be positive, got {chunk}")
+        self.chunk = chunk
         self._files = self._scan(root)
         self._lo = self._hi = -1  # the loaded chunk: file positions [lo, hi)
         self._pos = np.empty(0, dtype=np.int64)
 
     def _scan(self, root: str) -> list[_UnitFile]:
-        out = []
         lo_abs, hi_abs = self.base, self.base + self.end
-        for topic in sorted(os.listdir(root)):
-            tdir = os.path.join(root, topic)
-            if not os.path.isdir(tdir):
-                continue
-            for qname in os.listdir(tdir):
-                qdir = os.path.join(tdir, qname)
-                if not (qname.isdigit() and os.path.isdir(qdir)):
-                    continue
-                for fname in os.listdir(qdir):
-                    if len(fname) != 20 or not fname.isdigit():
-                        continue
-                    f = self._describe(os.path.join(qdir, fname))
-                    if f is not None and f.last >= lo_abs and f.first < hi_abs:
-                        out.append(f)
-        return out
+        found = (self._describe(f.path) for f in list_consume_queue_files(root))
+        return [f for f in found if f is not None and f.last >= lo_abs and f.first < hi_abs]
 
     @staticmethod
     def _describe(path: str) -> _UnitFile | None:
@@ -154,7 +157,7 @@ class ConsumeQueuePositions:
                     offs = _offsets_view(mm, f.written)
                     # A queue's units rise with the commit log (a damaged file may not: then the search finds less,
                     # and the walk covers the rest).
-                    i0, i1 = _bisect(offs, lo_abs), _bisect(offs, hi_abs)
+                    i0, i1 = bisect.bisect_left(offs, lo_abs), bisect.bisect_left(offs, hi_abs)
                     if i1 > i0:
                         parts.append(offs[i0:i1].astype(np.int64))
             except (OSError, ValueError):
@@ -168,20 +171,22 @@ class ConsumeQueuePositions:
         self._pos = pos[(pos >= lo) & (pos < hi)]
         self._lo, self._hi = lo, hi
 
+    def _loaded(self, pos: int) -> np.ndarray:
+        """The starts of the chunk holding ``pos``, loading it (from ``pos`` on) when it is not the loaded one."""
+        if not self._lo <= pos < self._hi:
+            self._load(pos)
+        return self._pos
+
     def at_or_after(self, pos: int, limit: int) -> np.ndarray:
         """The proposed starts in ``[pos, min(limit, end of the loaded chunk))``, loading the chunk holding ``pos``
         when needed. Empty when none; the first element is ``pos`` itself when the units propose it."""
-        if not self._lo <= pos < self._hi:
-            self._load(pos)
-        arr = self._pos
+        arr = self._loaded(pos)
         i = int(np.searchsorted(arr, pos))
         j = int(np.searchsorted(arr, limit)) if limit < self._hi else len(arr)
         return arr[i:j]
 
     def next_after(self, pos: int) -> int | None:
         """The first proposed start after ``pos`` within the loaded chunk (None: none there)."""
-        if not self._lo <= pos < self._hi:
-            self._load(pos)
-        arr = self._pos
+        arr = self._loaded(pos)
         i = int(np.searchsorted(arr, pos, side="right"))
         return int(arr[i]) if i < len(arr) else None

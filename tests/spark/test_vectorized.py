@@ -295,3 +295,32 @@ def test_record_starts_from_the_consume_queues_and_where_they_lie(defect_store: 
     assert rows == want and 0 < walked < walked_all
     for ss in (91, 1000):
         assert vectorised(str(defect_store), ss) == want, ss
+
+
+def test_consume_queue_starts_are_the_same_chunk_by_chunk(defect_store: Path) -> None:
+    """``ConsumeQueuePositions`` holds one chunk of proposed starts at a time (memory bounded by the chunk, not the
+    segment); read chunk by chunk, through chunk ends that fall inside records, they are the same starts as at
+    once, and ``next_after`` finds the next one across a chunk end."""
+    from trimq.spark_jobs.cq_positions import ConsumeQueuePositions, consume_queue_root
+
+    seg = P.resolve_segments(str(defect_store))[0]
+    root = consume_queue_root(seg)
+    assert root is not None
+    size = os.path.getsize(seg)
+    whole = ConsumeQueuePositions(root, 0, size).at_or_after(0, size).tolist()
+    assert len(whole) >= 10
+    for chunk in (97, 500, 1000):
+        small = ConsumeQueuePositions(root, 0, size, chunk=chunk)
+        got, pos = [], 0
+        while pos < size:
+            part = small.at_or_after(pos, size)
+            assert len(small._pos) <= chunk  # one chunk's starts at most
+            got += part.tolist()
+            pos = small._hi  # the next chunk
+        assert got == whole, chunk
+        nxt = ConsumeQueuePositions(root, 0, size, chunk=chunk)
+        for p, following in zip(whole, whole[1:]):
+            found = nxt.next_after(p)  # within the loaded chunk: None when the next start lies beyond it
+            assert found == (following if following < nxt._hi else None), (chunk, p)
+    with pytest.raises(ValueError, match="chunk must be positive"):
+        ConsumeQueuePositions(root, 0, size, chunk=0)

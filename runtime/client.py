@@ -239,11 +239,7 @@ class RemotingClient:
         self._open_listeners.append(listener)
 
     def _connection_closed(self, addr: str) -> None:
-        for listener in list(self._close_listeners):
-            try:
-                listener(addr)
-            except Exception:
-                log.exception("connection.close_listener_failed", addr=addr)
+        _notify(self._close_listeners, addr, "connection.close_listener_failed")
 
     def register_handler(self, code: int, handler: ServerRequestHandler) -> None:
         """Handle requests the server pushes to us with ``code``: ``handler(cmd, addr) -> response | None``."""
@@ -282,11 +278,7 @@ class RemotingClient:
             ch = _Channel(self, addr, stream)
             self._channels[addr] = ch
             self._nursery.start_soon(self._run_channel, ch)
-            for listener in list(self._open_listeners):
-                try:
-                    listener(addr)
-                except Exception:
-                    log.exception("connection.open_listener_failed", addr=addr)
+            _notify(self._open_listeners, addr, "connection.open_listener_failed")
             return ch
 
     async def _run_channel(self, ch: _Channel) -> None:
@@ -384,6 +376,15 @@ class RemotingClient:
         ch = self._channels.get(addr)
         if ch is not None:
             ch.close()
+
+
+def _notify(listeners: list[Callable[[str], None]], addr: str, failed_event: str) -> None:
+    # A listener's error is logged, never raised into the transport (the other listeners still run).
+    for listener in list(listeners):
+        try:
+            listener(addr)
+        except Exception:
+            log.exception(failed_event, addr=addr)
 
 
 def _nodelay(stream: trio.SocketStream) -> None:

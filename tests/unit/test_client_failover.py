@@ -105,3 +105,31 @@ async def test_a_new_connection_ends_the_avoidance_of_its_address() -> None:
             await client.remoting._channel(addr)  # what any request to it does first
             assert client.is_reachable(addr)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_connection_listener_is_logged_and_the_others_still_run() -> None:
+    """Open and close listeners run from the transport's own tasks: one that raises is logged, the connection is
+    still made (or closed) and the listeners after it still run."""
+    import structlog
+
+    from trimq.runtime.client import RemotingClient
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, lambda stream: trio.sleep_forever(), 0)
+        addr = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        seen: list[tuple[str, str]] = []
+
+        def broken(a: str) -> None:
+            raise RuntimeError("listener bug")
+
+        async with RemotingClient() as client:
+            for add, kind in ((client.add_open_listener, "open"), (client.add_close_listener, "close")):
+                add(broken)
+                add(lambda a, kind=kind: seen.append((kind, a)))
+            with structlog.testing.capture_logs() as logs:
+                await client._channel(addr)
+                client.close_address(addr)
+        assert seen == [("open", addr), ("close", addr)]
+        assert [e["event"] for e in logs if e["log_level"] == "error"] == [
+            "connection.open_listener_failed", "connection.close_listener_failed"]
+        nursery.cancel_scope.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -319,8 +320,18 @@ def test_consume_queue_starts_are_the_same_chunk_by_chunk(defect_store: Path) ->
             pos = small._hi  # the next chunk
         assert got == whole, chunk
         nxt = ConsumeQueuePositions(root, 0, size, chunk=chunk)
-        for p, following in zip(whole, whole[1:]):
+        for p, following in itertools.pairwise(whole):
             found = nxt.next_after(p)  # within the loaded chunk: None when the next start lies beyond it
             assert found == (following if following < nxt._hi else None), (chunk, p)
     with pytest.raises(ValueError, match="chunk must be positive"):
         ConsumeQueuePositions(root, 0, size, chunk=0)
+
+
+def test_the_body_crc_is_zlibs_crc32() -> None:
+    """The reader's CRC (ISA-L's when ``isal`` is installed, which ``make`` does) is RocketMQ's: zlib's CRC-32,
+    not CRC-32C, on empty, short and long bodies."""
+    import zlib
+
+    assert V._crc32 is not zlib.crc32  # the fast one is in use here
+    for body in (b"", b"a", bytes(range(256)) * 3, os.urandom(70_000)):
+        assert V._crc32(body) == zlib.crc32(body)

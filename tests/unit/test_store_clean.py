@@ -4,6 +4,7 @@ and the hour, a fake disk-usage function, and trio's MockClock for the service's
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -43,9 +44,15 @@ class Fakes:
 
 
 @asynccontextmanager
-async def running(path: Path, fakes: Fakes, **kw: Any) -> AsyncIterator[MessageStore]:
+async def running(path: Path, fakes: Fakes, periodic_clean: bool = False, **kw: Any) -> AsyncIterator[MessageStore]:
+    """A running store. Unless ``periodic_clean``, its clean loop never runs a pass: the tests call
+    ``clean_once`` themselves, and the autojump clock, which also jumps while a worker thread fsyncs, would
+    otherwise reach the loop's first pass at a random point of a test (one pass deleting what the next
+    assertion counts)."""
     cfg = StoreConfig(str(path), segment_size=SEG, consume_queue_file_size=CQ_FILE, **kw)
     st = MessageStore(cfg, store_host=lambda: HOST, now_ms=lambda: fakes.now, disk_usage=lambda _path: fakes.disk)
+    if not periodic_clean:
+        st.cleaner.first_delay_s = math.inf
     await st.start()
     async with trio.open_nursery() as nursery:
         await nursery.start(st.run)
@@ -166,7 +173,7 @@ async def test_a_full_disk_refuses_writes_until_it_is_back_below_and_the_service
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     fakes = Fakes()
     fakes.disk = 0.95
-    async with running(tmp_path, fakes) as st:
+    async with running(tmp_path, fakes, periodic_clean=True) as st:
         await trio.sleep(1)  # the disk check runs at start
         res = await st.put_message("A", 0, b"x", {}, born_timestamp=0, born_host=BORN)
         assert res.status is PutMessageStatus.SERVICE_NOT_AVAILABLE

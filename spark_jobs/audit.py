@@ -386,6 +386,9 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
         findings = parts[0]
         for part in parts[1:]:
             findings = findings.unionByName(part)
+        # The union has a partition per part's partition (30 tasks for a tiny store); findings are few, so
+        # the write runs as default-parallelism tasks instead (no shuffle).
+        findings = findings.coalesce(max(1, spark.sparkContext.defaultParallelism))
         findings.write.mode("overwrite").partitionBy("check").parquet(str(out / "findings"))
         outputs["findings"] = str(out / "findings")
         progress("findings written")

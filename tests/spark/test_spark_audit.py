@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from audit_stores import GROUP, build_clean_store, build_gaps_store, build_planted_store, write_rocketmq_segments
+from audit_stores import GROUP, build_clean_store, build_gaps_store, write_rocketmq_segments
 
 from trimq.spark_jobs.audit import audit_store
 from trimq.spark_jobs.checks import DEFECT_CHECKS
@@ -51,9 +51,8 @@ def test_clean_store_audits_clean(spark, tmp_path: Path) -> None:
     assert (out / "lag" / "part-00000.parquet").is_file()
 
 
-def test_planted_defects_are_each_reported_once(spark, tmp_path: Path) -> None:
-    p = build_planted_store(tmp_path / "store")
-    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT), example_limit=5)
+def test_planted_defects_are_each_reported_once(spark, planted_audit) -> None:
+    p, summary, out = planted_audit.planted, planted_audit.summary, planted_audit.out
     assert _counts(summary) == {
         "integrity": {"crc_mismatch": 1, "torn_tail": 1},
         "offsets": {"gap": 1},
@@ -98,9 +97,9 @@ def test_planted_defects_are_each_reported_once(spark, tmp_path: Path) -> None:
     assert chain["steps"][0]["delay_ms"] > 0
     assert lin["top_poison_keys"] == [{"group": GROUP, "key": "poison-1", "dlq_arrivals": 1, "rank": 1}]
     # Findings are on disk, one partition per check.
-    findings = spark.read.parquet(str(tmp_path / "out" / "findings"))
+    findings = spark.read.parquet(str(out / "findings"))
     assert findings.count() == 7
-    assert "1</td>" in (tmp_path / "out" / "report.html").read_text()
+    assert "1</td>" in (out / "report.html").read_text()
 
 
 def test_bare_rocketmq_commitlog_audits_clean(spark, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """The audit on a real Spark standalone cluster (master + worker on loopback, from deploy/spark/), compared
-with the same audit on local[*]: the same summary, finding for finding."""
+with the same audit on local[*] (the shared ``planted_audit``, tests/spark/conftest.py): the same summary,
+finding for finding."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from audit_stores import build_planted_store
-
-from trimq.spark_jobs.audit import audit_store
+from conftest import PLANTED_EXAMPLES
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -39,18 +38,15 @@ def _comparable(summary: dict) -> dict:
 
 
 @pytest.mark.skipif(not AUDIT_BIN.exists(), reason="trimq-audit console script not installed in this venv")
-def test_audit_on_a_standalone_cluster_equals_local(spark, tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    build_planted_store(store)
+def test_audit_on_a_standalone_cluster_equals_local(planted_audit, tmp_path: Path) -> None:
+    store, local = planted_audit.store, planted_audit.summary
     port = _free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in ("SPARK_HOME", "SPARK_CONF_DIR", "PYTHONPATH", "PYSPARK_GATEWAY_PORT")}
     env.update({"STATE_DIR": str(tmp_path / "cluster"), "SPARK_MASTER_PORT": str(port), "WORKER_CORES": "2",
                 "WORKER_MEMORY": "1g", "PYTHON": sys.executable})
-    # The master and worker start while the local audit runs in this process's session.
     starter = subprocess.Popen([str(START)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        local = audit_store(spark, store, tmp_path / "local")
         out, err = starter.communicate(timeout=120)
         assert starter.returncode == 0, err[-3000:]
         master = out.strip().splitlines()[-1]
@@ -58,7 +54,7 @@ def test_audit_on_a_standalone_cluster_equals_local(spark, tmp_path: Path) -> No
         cli_env = {k: v for k, v in env.items() if k not in ("STATE_DIR", "SPARK_MASTER_PORT")}
         cli_env["SPARK_LOCAL_IP"] = "127.0.0.1"  # the driver, like the cluster, on loopback
         cmd = [str(AUDIT_BIN), "--store", str(store), "--out", str(tmp_path / "remote"), "--master", master,
-               "--json", "-q"]
+               "--examples", str(PLANTED_EXAMPLES), "--json", "-q"]  # default splits: the report must not care
         for item in SMALL_CONF:
             cmd += ["--conf", item]
         proc = subprocess.run(cmd, env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -55,6 +55,7 @@ class PlantedAudit(NamedTuple):
     store: Path
     out: Path
     summary: dict[str, Any]
+    example_limit: int
 
 
 @pytest.fixture(scope="session")
@@ -69,4 +70,4 @@ def planted_audit(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Pl
     planted = build_planted_store(root / "store")
     summary = audit_store(spark, root / "store", root / "out", split_size=int(PLANTED_SPLIT),
                           example_limit=PLANTED_EXAMPLES)
-    return PlantedAudit(planted, root / "store", root / "out", summary)
+    return PlantedAudit(planted, root / "store", root / "out", summary, PLANTED_EXAMPLES)

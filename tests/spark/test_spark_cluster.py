@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PLANTED_EXAMPLES
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -53,8 +52,9 @@ def test_audit_on_a_standalone_cluster_equals_local(planted_audit, tmp_path: Pat
         assert master == f"spark://127.0.0.1:{port}"
         cli_env = {k: v for k, v in env.items() if k not in ("STATE_DIR", "SPARK_MASTER_PORT")}
         cli_env["SPARK_LOCAL_IP"] = "127.0.0.1"  # the driver, like the cluster, on loopback
+        # Default splits here, 2000-byte ones in the local run: the report must not depend on them.
         cmd = [str(AUDIT_BIN), "--store", str(store), "--out", str(tmp_path / "remote"), "--master", master,
-               "--examples", str(PLANTED_EXAMPLES), "--json", "-q"]  # default splits: the report must not care
+               "--examples", str(planted_audit.example_limit), "--json", "-q"]
         for item in SMALL_CONF:
             cmd += ["--conf", item]
         proc = subprocess.run(cmd, env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -27,6 +27,7 @@ Nothing here imports trio or does I/O.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import random
@@ -503,7 +504,7 @@ def _bounded_assignment(
     load = dict.fromkeys(cids, 0)
     owned: dict[str, list[MessageQueue]] = {cid: [] for cid in cids}
     for mq in mqs:
-        start = _bisect_left(points, hash_fn(str(mq)))
+        start = bisect.bisect_left(points, hash_fn(str(mq)))
         # cap * c >= n * (1 + eps) > n, so some client always has room; the walk ends within one lap.
         for step in range(len(ring)):
             cid = ring[(start + step) % len(ring)][1]
@@ -522,17 +523,6 @@ def _checked_hash(hash_function: HashFunction) -> HashFunction:
         return h
 
     return checked
-
-
-def _bisect_left(points: list[int], x: int) -> int:
-    lo, hi = 0, len(points)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if points[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 # --------------------------------------------------------------------------------------------------

@@ -99,6 +99,9 @@ METRICS: dict[str, tuple[str, str, str]] = {
                                     "unlocked, unlock_refused, unlock_not_locked"),
     "trimq_offset_fenced_updates_total": ("counter", "consumer_group",
                                           "offset commits refused because another client holds the lock"),
+    "trimq_offset_stale_generation_updates_total": ("counter", "consumer_group",
+                                                    "offset commits refused because they were made before "
+                                                    "an offset reset of the group (reset generation)"),
     "trimq_offset_updates_total": ("counter", "", "offset commits applied"),
     "trimq_retry_messages_total": ("counter", "consumer_group", "messages stored in %RETRY%<group>"),
     "trimq_send_to_dlq_messages_total": ("counter", "consumer_group", "messages stored in %DLQ%<group>"),
@@ -371,6 +374,11 @@ class BrokerCollector:
             for group, n in sorted(offsets.fenced_updates.items()):
                 fenced.add_metric([group], n)
             yield fenced
+            stale = _counter("trimq_offset_stale_generation_updates",
+                             _doc("trimq_offset_stale_generation_updates_total"), ["consumer_group"])
+            for group, n in sorted(offsets.stale_generation_updates.items()):
+                stale.add_metric([group], n)
+            yield stale
             applied = _counter("trimq_offset_updates", _doc("trimq_offset_updates_total"))
             applied.add_metric([], offsets.applied_updates)
             yield applied

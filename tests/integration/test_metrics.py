@@ -156,6 +156,19 @@ async def test_locks_fencing_and_connections_per_group(
         _, s = await scrape(b.metrics.address)
         assert lag(s, "og", "Orders", 0) == 0
         assert value(s, "trimq_consumer_membership_events_total", event="registered") == 1
+        assert value(s, "trimq_offset_stale_generation_updates_total", consumer_group="og") is None
+
+        # An online reset, then a commit made before it (generation 0): refused and counted apart.
+        r = await call(rclient, addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+                       ext={"topic": "Orders", "group": "og", "timestamp": 0, "isForce": True})
+        assert r.code == ResponseCode.SUCCESS and r.body["resetGeneration"] == 1
+        r = await call(rclient, addr, RequestCode.UPDATE_CONSUMER_OFFSET,
+                       {"consumerGroup": "og", "topic": "Orders", "queueId": 0, "commitOffset": 3,
+                        "clientId": "A", "resetGeneration": 0})
+        assert r.code == ResponseCode.NO_PERMISSION
+        _, s = await scrape(b.metrics.address)
+        assert value(s, "trimq_offset_stale_generation_updates_total", consumer_group="og") == 1
+        assert value(s, "trimq_offset_fenced_updates_total", consumer_group="og") == 1
 
 
 async def test_two_brokers_in_one_process_have_their_own_registries(

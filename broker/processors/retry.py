@@ -398,6 +398,11 @@ class RetryService:
             target.topic, target.queue_id, msg.body, target.properties, flag=msg.flag, sys_flag=msg.sys_flag,
             born_timestamp=msg.born_timestamp, born_host=msg.born_host, reconsume_times=target.reconsume_times,
         )
+        # SYNC_MASTER: like a send, answered once a slave holds the copy (RocketMQ's asyncPutMessage waits for
+        # the slave here too). A success lets the client commit past the original, so a copy only the master
+        # holds would be lost with it; SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT go back as SYSTEM_ERROR with
+        # the status, as in RocketMQ, and the client falls back to producing the copy itself.
+        result = await self.store.handle_ha(result)
         status = _status_name(result)
         if status != "PUT_OK":
             raise RequestError(ResponseCode.SYSTEM_ERROR, status)

@@ -289,7 +289,8 @@ class StoreAppend(StoreBase):
     async def handle_ha(self, result: PutResult) -> PutResult:
         """RocketMQ's ``CommitLog.handleHA`` for a producer's put: on a SYNC_MASTER, answer only once a slave
         holds the message (``replica_wait``); FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE otherwise (the message
-        is stored on the master either way). Store-internal puts (schedule deliveries, retries) do not wait."""
+        is stored on the master either way). Producers' sends and CONSUMER_SEND_MSG_BACK wait; store-internal puts
+        (schedule deliveries) do not."""
         wait = self.replica_wait
         if wait is None or result.status not in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT):
             return result

@@ -15,6 +15,7 @@ from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import encode_properties
+from trimq.protocol.record import parse_message_id
 from trimq.runtime.client import RemotingClient
 
 RC = RequestCode
@@ -118,6 +119,31 @@ async def test_sync_master_waits_for_its_slave(broker_factory: Callable[..., Any
             assert slave.store.commitlog.max_offset >= master.store.commitlog.max_offset
         svc = master.ha_controller.service
         assert svc.slave_not_available >= 1 and svc.sync_timeouts == 1 and svc.sync_ok >= 1
+
+
+async def test_sync_master_send_back_waits_for_its_slave(broker_factory: Callable[..., Any],
+                                                         rclient: RemotingClient) -> None:
+    """A retry copy is acknowledged like a send: once a slave holds it (the client then commits past the
+    original, so a copy only the master held would be lost with it); without a slave, SYSTEM_ERROR naming the
+    status, the copy stored on the master all the same (RocketMQ's asyncConsumerSendMsgBack)."""
+    async with broker_factory(broker_role="SYNC_MASTER", slave_timeout=150) as master:
+        r = await send(rclient, master.address, "T", 0, b"a")
+        assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE
+        # delayLevel -1: straight to the dead-letter queue (no parking in the schedule topic)
+        back = {"group": "cg", "offset": parse_message_id(r.ext["msgId"])[1], "delayLevel": -1,
+                "originMsgId": r.ext["msgId"], "originTopic": "T"}
+        end = master.store.commitlog.max_offset
+        refused = await call(rclient, master.address, RC.CONSUMER_SEND_MSG_BACK, back)
+        assert refused.code == ResponseCode.SYSTEM_ERROR and refused.remark == "SLAVE_NOT_AVAILABLE"
+        assert master.store.commitlog.max_offset > end  # stored on the master all the same
+        async with broker_factory(**slave_settings(master)) as slave:
+            with trio.fail_after(10):
+                while not master.ha_controller.service.connections:
+                    await trio.sleep(0.01)
+            ok = await call(rclient, master.address, RC.CONSUMER_SEND_MSG_BACK, back)
+            assert ok.code == ResponseCode.SUCCESS, ok.remark
+            assert slave.store.commitlog.max_offset >= master.store.commitlog.max_offset
+            assert master.store.get_max_offset_in_queue("%DLQ%cg", 0) == 2
 
 
 def _log_bytes(b: Broker, end: int) -> bytes:

@@ -177,6 +177,22 @@ def _hex16(x: np.ndarray) -> np.ndarray:
     return _HEX_PAIRS[b].reshape(-1, 16)
 
 
+_IS_SPACE = np.zeros(256, dtype=bool)
+_IS_SPACE[list(b" \t\n\x0b\f\r")] = True
+
+
+def _shard_keys(keys: pa.Array) -> pa.Array:
+    """The first token of each KEYS value (``_SHARD_KEY_RE``; null for a null, empty or blank value). Without
+    a whitespace byte anywhere in the batch (the usual single key) that is the value itself, or null when
+    empty: one pass over the bytes instead of a regex per row."""
+    bufs = keys.buffers()
+    if len(keys) and bufs[2] is not None:
+        offs = np.frombuffer(bufs[1], dtype=np.int32, count=len(keys) + 1, offset=keys.offset * 4)
+        if not _IS_SPACE[np.frombuffer(bufs[2], dtype=np.uint8)[offs[0] : offs[-1]]].any():
+            return pc.if_else(pc.equal(pc.binary_length(keys), 0), pa.scalar(None, pa.string()), keys)
+    return pc.struct_field(pc.extract_regex(keys, _SHARD_KEY_RE), [0])
+
+
 def _slices(data: pa.Buffer, starts: np.ndarray, ends: np.ndarray, typ: pa.DataType) -> pa.Array:
     """``data[starts[i]:ends[i]]`` for each i as one string/binary array, copied by a single ``take``.
 
@@ -668,6 +684,9 @@ class VectorScanner:
                 bad = _first_invalid_utf8(vals)
                 if bad is not None:
                     raise _Irregular(int(recs[bad]))
+                if len(recs) == n:  # every record has it: the values are already in record order
+                    cols[col] = vals
+                    continue
                 take[recs] = np.arange(len(recs))
                 cols[col] = vals.take(pa.array(take, mask=take < 0))
             else:
@@ -722,7 +741,7 @@ class VectorScanner:
     def _finish(self, cols: dict[str, pa.Array], n: int) -> pa.RecordBatch:
         need = self._need
         if "shard_key" in need:
-            cols["shard_key"] = pc.struct_field(pc.extract_regex(cols["keys"], _SHARD_KEY_RE), [0])
+            cols["shard_key"] = _shard_keys(cols["keys"])
         if "split_start" in need:
             cols["split_start"] = pa.array(np.full(n, self.split.start, dtype=np.int64))
         if "queue_step" in need or "born_step" in need or "unit_h1" in need or "unit_h2" in need:

@@ -335,3 +335,19 @@ def test_the_body_crc_is_zlibs_crc32() -> None:
     assert V._crc32 is not zlib.crc32  # the fast one is in use here
     for body in (b"", b"a", bytes(range(256)) * 3, os.urandom(70_000)):
         assert V._crc32(body) == zlib.crc32(body)
+
+
+def test_shard_keys_fast_path_equals_the_regex() -> None:
+    """``_shard_keys`` skips the regex when no value holds a whitespace byte; both paths give the first
+    token, null for null, empty or blank values, on sliced arrays too."""
+    import pyarrow.compute as pc
+
+    def regex(keys: pa.Array) -> pa.Array:
+        return pc.struct_field(pc.extract_regex(keys, V._SHARD_KEY_RE), [0])
+
+    plain = pa.array(["k1", "", None, "order-7", "ü-key"] * 3)
+    spaced = pa.array(["k1", " a b", "\tx", "   ", None, "", "y z\n"])
+    for keys in (plain, plain.slice(2, 9), spaced, spaced.slice(1, 4), pa.array([], pa.string()),
+                 pa.nulls(3, pa.string())):
+        assert V._shard_keys(keys).equals(regex(keys)), keys
+    assert V._shard_keys(plain).to_pylist()[:5] == ["k1", None, None, "order-7", "ü-key"]

@@ -126,8 +126,9 @@ class MessageLookup(Protocol):
     def find_consume_queue(self, topic: str, queue_id: int) -> Any: ...
 
 
-class DeadLetterStore(MessageWriter, MessageLookup, Protocol):
-    """What retries and dead letters use (MessageStore): copies appended, records found, queue bounds."""
+class DeadLetterStore(ProducerWriter, MessageLookup, Protocol):
+    """What retries and dead letters use (MessageStore): copies appended (a send-back waits for a slave on a
+    SYNC_MASTER, as a send does), records found, queue bounds."""
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
 

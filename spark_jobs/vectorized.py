@@ -186,7 +186,7 @@ def _shard_keys(keys: pa.Array) -> pa.Array:
     a whitespace byte anywhere in the batch (the usual single key) that is the value itself, or null when
     empty: one pass over the bytes instead of a regex per row."""
     bufs = keys.buffers()
-    if len(keys) and bufs[2] is not None:
+    if len(keys) and keys.type == pa.string() and bufs[2] is not None:  # 32-bit offsets
         offs = np.frombuffer(bufs[1], dtype=np.int32, count=len(keys) + 1, offset=keys.offset * 4)
         if not _IS_SPACE[np.frombuffer(bufs[2], dtype=np.uint8)[offs[0] : offs[-1]]].any():
             return pc.if_else(pc.equal(pc.binary_length(keys), 0), pa.scalar(None, pa.string()), keys)

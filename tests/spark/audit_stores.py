@@ -22,6 +22,8 @@ from trimq.protocol.validation import SCHEDULE_TOPIC, dlq_topic, retry_topic
 
 STORE_HOST = ("10.1.2.3", 10911)
 BORN_HOST = ("192.168.7.8", 54321)
+#: The split size the audit tests read these stores with: a few partitions per 4 KiB segment.
+SPLIT_SIZE = 2000
 DELAY_LEVEL_MS = [1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000, 360000, 420000,
                   480000, 540000, 600000, 1200000, 1800000, 3600000, 7200000]
 

@@ -10,8 +10,6 @@ from typing import Any, NamedTuple
 
 import pytest
 
-#: The split size of the planted store's audit: a few partitions per 4 KiB segment.
-PLANTED_SPLIT = "2000"
 PLANTED_EXAMPLES = 5
 
 
@@ -49,7 +47,7 @@ def spark() -> Iterator[object]:
 
 class PlantedAudit(NamedTuple):
     """The planted-defect store (audit_stores.build_planted_store), audited once on the shared local
-    session with ``split_size=PLANTED_SPLIT, example_limit=PLANTED_EXAMPLES``."""
+    session with ``split_size=audit_stores.SPLIT_SIZE, example_limit=PLANTED_EXAMPLES``."""
 
     planted: dict[str, Any]
     store: Path
@@ -62,12 +60,12 @@ class PlantedAudit(NamedTuple):
 def planted_audit(spark: object, tmp_path_factory: pytest.TempPathFactory) -> PlantedAudit:
     """Shared by the test of the planted findings and the cluster test (which compares its run with this
     one): one local audit of the store instead of two."""
-    from audit_stores import build_planted_store
+    from audit_stores import SPLIT_SIZE, build_planted_store
 
     from trimq.spark_jobs.audit import audit_store
 
     root = tmp_path_factory.mktemp("planted")
     planted = build_planted_store(root / "store")
-    summary = audit_store(spark, root / "store", root / "out", split_size=int(PLANTED_SPLIT),
+    summary = audit_store(spark, root / "store", root / "out", split_size=SPLIT_SIZE,
                           example_limit=PLANTED_EXAMPLES)
     return PlantedAudit(planted, root / "store", root / "out", summary, PLANTED_EXAMPLES)

@@ -9,14 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from audit_stores import GROUP, build_clean_store, build_gaps_store, write_rocketmq_segments
+from audit_stores import GROUP, SPLIT_SIZE, build_clean_store, build_gaps_store, write_rocketmq_segments
 
 from trimq.spark_jobs.audit import audit_store
 from trimq.spark_jobs.checks import DEFECT_CHECKS
 
 pytestmark = pytest.mark.spark
-
-SPLIT = "2000"  # a few partitions per 4 KiB segment
 
 
 def _counts(summary: dict) -> dict[str, dict[str, int]]:
@@ -25,7 +23,7 @@ def _counts(summary: dict) -> dict[str, dict[str, int]]:
 
 def test_clean_store_audits_clean(spark, tmp_path: Path) -> None:
     info = build_clean_store(tmp_path / "store")
-    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT), write_records=True)
+    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=SPLIT_SIZE, write_records=True)
     assert _counts(summary) == {name: {} for name in (*DEFECT_CHECKS, "dead_letters")}
     assert summary["exit_code"] == 0 and summary["clean"] and summary["defects"] == 0
     assert summary["records"]["messages"] == info["messages"]
@@ -155,7 +153,7 @@ def test_planted_consume_queue_and_lineage_gaps(spark, tmp_path: Path) -> None:
     mine, other, lost, ghost = p["mine"], p["other"], p["lost"], p["ghost"]
     orig1, orig2, early = p["orig1"], p["orig2"], p["early"]
 
-    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=int(SPLIT))
+    summary = audit_store(spark, tmp_path / "store", tmp_path / "out", split_size=SPLIT_SIZE)
     counts = _counts(summary)
     assert counts["consume_queue"] == {"unit_mismatch": 1, "missing_unit": 2}
     assert counts["retry_lineage"] == {"retry_without_origin": 1}

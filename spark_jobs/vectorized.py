@@ -712,7 +712,9 @@ class VectorScanner:
             enc = pc.dictionary_encode(keys)
             width = len(enc.dictionary)
             code = parents * width + np.asarray(enc.indices).astype(np.int64)
-            if n * width <= 1 << 24:  # a name twice in one record: count per (record, name) (cheaper than a sort)
+            # A name twice in one record: count per (record, name), cheaper than a sort while the counters stay
+            # small (at most 8 MiB: a batch's memory must not grow with the number of distinct names).
+            if n * width <= 1 << 20:
                 counts = np.bincount(code, minlength=n * width)
                 if counts.max(initial=0) > 1:
                     raise _Irregular(int(np.flatnonzero(counts > 1)[0] // width))

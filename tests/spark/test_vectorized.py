@@ -351,3 +351,25 @@ def test_shard_keys_fast_path_equals_the_regex() -> None:
                  pa.nulls(3, pa.string()), pa.array(["k1", "", None, " a b"], pa.large_string())):
         assert V._shard_keys(keys).equals(regex(keys)), keys
     assert V._shard_keys(plain).to_pylist()[:5] == ["k1", None, None, "order-7", "ü-key"]
+
+
+def test_a_name_twice_is_found_with_many_distinct_property_names(tmp_path: Path) -> None:
+    """With more (record, name) pairs than the counters allow (1100 records of 1100 distinct names), the repeated
+    name check sorts instead of counting: the record with a name twice still goes to the walker, same rows."""
+    recs = []
+    pos = 0
+    for i in range(1100):
+        props = {"KEYS": f"k{i}", f"P{i}": "v"}
+        text = encode_properties(props) if i != 700 else f"P{i}\x01a\x02KEYS\x01k\x02P{i}\x01b\x02"
+        raw = encode_record(topic="T", body=b"b", queue_id=0, queue_offset=i, physical_offset=pos,
+                            properties=text, store_host=STORE_HOST)
+        recs.append(raw)
+        pos += len(raw)
+    seg = tmp_path / "00000000000000000000"
+    seg.write_bytes(b"".join(recs) + bytes(64))
+    stats: list = []
+    want = sequential(str(seg))
+    assert vectorised(str(seg), stats=stats) == want
+    assert dict(want[700]["properties"])["P700"] == "b"
+    fast, slow = stats[0]
+    assert fast == 1099 and slow >= 1

@@ -94,18 +94,24 @@ async def test_slave_replicates_serves_pulls_refuses_sends_and_syncs_metadata(
         assert cfg is not None and cfg.write_queue_nums == 4
 
 
+async def silent_slave(master: Broker) -> trio.SocketStream:
+    """A connection to the master's HA port that completes the handshake and then never reports an offset."""
+    host, port = parse_address(master.ha_controller.ha_server_addr)
+    stream = await trio.open_tcp_stream(host, port)
+    await stream.send_all(encode_hello(Hello(0, 0)))
+    buf = StreamBuffer()
+    while buf.next_hello_ack() is None:
+        buf.feed(await stream.receive_some(65536))
+    return stream
+
+
 async def test_sync_master_waits_for_its_slave(broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
     async with broker_factory(broker_role="SYNC_MASTER", slave_timeout=150) as master:
         # no slave: stored, but SLAVE_NOT_AVAILABLE (11), with the message's id and offset
         r = await send(rclient, master.address, "T", 0, b"a")
         assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE and r.ext["queueOffset"] == 0 and r.ext["msgId"]
         # a slave that completes the handshake and never reports: FLUSH_SLAVE_TIMEOUT (12) after slave_timeout
-        host, port = parse_address(master.ha_controller.ha_server_addr)
-        silent = await trio.open_tcp_stream(host, port)
-        await silent.send_all(encode_hello(Hello(0, 0)))
-        buf = StreamBuffer()
-        while buf.next_hello_ack() is None:
-            buf.feed(await silent.receive_some(65536))
+        silent = await silent_slave(master)
         r = await send(rclient, master.address, "T", 0, b"b")
         assert r.code == ResponseCode.FLUSH_SLAVE_TIMEOUT and r.ext["queueOffset"] == 1
         await silent.aclose()
@@ -125,7 +131,8 @@ async def test_sync_master_send_back_waits_for_its_slave(broker_factory: Callabl
                                                          rclient: RemotingClient) -> None:
     """A retry copy is acknowledged like a send: once a slave holds it (the client then commits past the
     original, so a copy only the master held would be lost with it); without a slave, SYSTEM_ERROR naming the
-    status, the copy stored on the master all the same (RocketMQ's asyncConsumerSendMsgBack)."""
+    status (SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT), the copy stored on the master all the same (RocketMQ's
+    asyncConsumerSendMsgBack)."""
     async with broker_factory(broker_role="SYNC_MASTER", slave_timeout=150) as master:
         r = await send(rclient, master.address, "T", 0, b"a")
         assert r.code == ResponseCode.SLAVE_NOT_AVAILABLE
@@ -136,6 +143,10 @@ async def test_sync_master_send_back_waits_for_its_slave(broker_factory: Callabl
         refused = await call(rclient, master.address, RC.CONSUMER_SEND_MSG_BACK, back)
         assert refused.code == ResponseCode.SYSTEM_ERROR and refused.remark == "SLAVE_NOT_AVAILABLE"
         assert master.store.commitlog.max_offset > end  # stored on the master all the same
+        silent = await silent_slave(master)
+        late = await call(rclient, master.address, RC.CONSUMER_SEND_MSG_BACK, back)
+        assert late.code == ResponseCode.SYSTEM_ERROR and late.remark == "FLUSH_SLAVE_TIMEOUT"
+        await silent.aclose()
         async with broker_factory(**slave_settings(master)) as slave:
             with trio.fail_after(10):
                 while not master.ha_controller.service.connections:
@@ -143,7 +154,7 @@ async def test_sync_master_send_back_waits_for_its_slave(broker_factory: Callabl
             ok = await call(rclient, master.address, RC.CONSUMER_SEND_MSG_BACK, back)
             assert ok.code == ResponseCode.SUCCESS, ok.remark
             assert slave.store.commitlog.max_offset >= master.store.commitlog.max_offset
-            assert master.store.get_max_offset_in_queue("%DLQ%cg", 0) == 2
+            assert master.store.get_max_offset_in_queue("%DLQ%cg", 0) == 3
 
 
 def _log_bytes(b: Broker, end: int) -> bytes:

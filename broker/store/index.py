@@ -68,6 +68,9 @@ _HEADER = struct.Struct(">qqqqii")
 _ENTRY = struct.Struct(">iqii")
 _SLOT = struct.Struct(">i")
 _MASK = 0xFFFFFFFF
+_KEY_TAIL = 12  # a UNIQ_KEY's varying part: milliseconds since the start of the month and a counter, in hex
+_KEY_HEAD_MIN = 24  # keys longer than this hash their head once (cached) and their tail each time
+_HEAD_CACHE_MAX = 10_000  # heads remembered (producers x topics); the cache starts again when full
 _INT_MAX = 0x7FFFFFFF
 
 
@@ -322,6 +325,10 @@ class IndexService:
         self._flushing = 0  # flush threads running: deleted files are closed once none is
         self._retired: list[IndexFile] = []
         self._topic_hashes: dict[str, tuple[int, str]] = {}
+        # Hash of "topic#" + a long key's head (all but its last _KEY_TAIL characters), by (topic hash, head).
+        # A producer's UNIQ_KEYs share their first 20 hex digits (ip, pid, random), so most keys hash only their
+        # 12-digit tail (time and counter).
+        self._head_hashes: dict[tuple[int, bytes], int] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -455,10 +462,22 @@ class IndexService:
         if phy_offset < f.header.end_phy_offset:
             return 0
         prefix_hash, prefix = self._topic_prefix(topic)
+        heads = self._head_hashes
         n = 0
         for word in words:
             if prefix_hash >= 0 and word.isascii():
-                h = _ascii_hash(word.encode(), prefix_hash) & _MASK
+                data = word.encode()
+                if len(data) > _KEY_HEAD_MIN:
+                    head_key = (prefix_hash, data[:-_KEY_TAIL])
+                    head_hash = heads.get(head_key)
+                    if head_hash is None:
+                        head_hash = _ascii_hash(head_key[1], prefix_hash) & _MASK
+                        if len(heads) >= _HEAD_CACHE_MAX:
+                            heads.clear()  # producers come and go: start again rather than keep stale heads
+                        heads[head_key] = head_hash
+                    h = _ascii_hash(data[-_KEY_TAIL:], head_hash) & _MASK
+                else:
+                    h = _ascii_hash(data, prefix_hash) & _MASK
                 h = h - 0x100000000 if h > _INT_MAX else h
                 key_hash = 0 if h == -0x80000000 else abs(h)
             else:

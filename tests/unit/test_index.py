@@ -116,6 +116,37 @@ def service(path: Path, clock: list[int], **kw: int) -> IndexService:
     return svc
 
 
+def test_long_keys_hashed_from_a_cached_head_give_rocketmqs_entries(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """build_index hashes a long key's head once (UNIQ_KEYs of one producer share it) and its tail each time:
+    the file is byte for byte what putKey of the whole "topic#key" writes, whether the head was cached or the
+    cache started again (full), and for short, very long and non-ASCII keys."""
+    import trimq.broker.store.index as index_mod
+
+    monkeypatch.setattr(index_mod, "_HEAD_CACHE_MAX", 3)  # 10 heads (5 producers x 2 topics): it fills and restarts
+    producers = ["7F00000112AB" + f"{p:08X}" for p in range(5)]
+    words = [producers[i % 5] + f"{i * 7919:08X}{i:04X}" for i in range(40)]  # 32 hex digits, 5 heads
+    words += ["k" * 24, "k" * 25, "x" * 65, "q" * 300, "é" * 30, "key-1", "ORDER_1001 ORDER_1002"]
+    clock = [T0]
+    svc = service(tmp_path / "index", clock, slots=97, entries=200)
+    plain = IndexFile(tmp_path / "plain", 97, 200)
+    for i, word in enumerate(words):
+        topic = "Orders" if i % 2 else "T"
+        uniq, keys = (word, None) if i % 3 else (None, word)
+        n = svc.build_index(topic, i * 100, T0 + i, 0, keys, uniq)
+        expected = keys_of(keys, uniq)
+        assert n == len(expected)
+        for key in expected:
+            assert plain.put_key(build_key(topic, key), i * 100, T0 + i)
+    assert 0 < len(svc._head_hashes) <= 3
+    svc.files[-1].sync_header()
+    plain.sync_header()
+    assert svc.files[-1].mm[:] == plain.mm[:]
+    assert svc.query_offset("Orders", words[39], 10, 0, 2**62).phy_offsets == [3900]
+    svc.close()
+    plain.close()
+
+
 def test_service_rolls_over_reloads_and_deletes(tmp_path: Path) -> None:
     clock = [T0]
     svc = service(tmp_path / "index", clock)

@@ -26,7 +26,7 @@ from trimq.protocol.codes import ResponseCode
 from trimq.protocol.errors import RequestError
 
 __all__ = ["BODY_FIELD_TYPES", "FIELD_TYPES", "JAVA_INT", "JAVA_LONG", "JAVA_RANGES", "check_field_ranges",
-           "int_field", "str_field"]
+           "flag_field", "int_field", "str_field"]
 
 JAVA_INT = "int"
 JAVA_LONG = "long"
@@ -172,6 +172,13 @@ def check_field_ranges(code: int, ext: dict[str, Any], body: Any = None) -> str 
 # -- reading header fields in handlers ---------------------------------------------------------------------
 
 _JAVA_OF_BITS = {32: JAVA_INT, 64: JAVA_LONG}
+
+
+def flag_field(ext: dict[str, Any], name: str) -> bool:
+    """A boolean header field as RocketMQ's ``Boolean.parseBoolean`` reads it: true for ``True`` or the string
+    "true" in any case (extFields are strings), false for anything else, a missing field included."""
+    v = ext.get(name)
+    return v is True or (isinstance(v, str) and v.lower() == "true")
 
 
 def int_field(ext: dict[str, Any], name: str, default: int | None = None, *, bits: int = 64) -> int:

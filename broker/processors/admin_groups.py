@@ -16,26 +16,23 @@ Both answer SUCCESS once the change is on disk (topics.json, subscriptionGroup.j
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import trio
-
+from trimq.broker.deps import HandlerRegistry
+from trimq.broker.services import HandlerService
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.errors import RequestError
+from trimq.protocol.fields import flag_field
 from trimq.protocol.validation import SYSTEM_TOPICS, InvalidNameError, check_group, check_topic
 from trimq.runtime.logs import get_logger
 
 if TYPE_CHECKING:
-    from trimq.runtime.server import Connection, Handler
+    from trimq.runtime.server import Connection
 
 log = get_logger("trimq.admin")
 
 __all__ = ["AdminGroupsService"]
-
-
-class Registry(Protocol):
-    def register(self, code: int, handler: Handler, *, inline: bool = False, fast_path: Any = None) -> None: ...
 
 
 class DeletableTopics(Protocol):
@@ -76,18 +73,14 @@ def _error(remark: str) -> RequestError:
     return RequestError(ResponseCode.SYSTEM_ERROR, remark)
 
 
-def _flag(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.lower() == "true")
-
-
-class AdminGroupsService:
+class AdminGroupsService(HandlerService):
     """DELETE_TOPIC_IN_BROKER (215) and DELETE_SUBSCRIPTIONGROUP (207) (a broker service with nothing to load,
     run or persist of its own)."""
 
     name = "admin_groups"
 
-    def __init__(self, *, registry: Registry, store: TopicQueues, topics: DeletableTopics, groups: DeletableGroups,
-                 offsets: DeletableOffsets, offset_persister: OffsetPersister) -> None:
+    def __init__(self, *, registry: HandlerRegistry, store: TopicQueues, topics: DeletableTopics,
+                 groups: DeletableGroups, offsets: DeletableOffsets, offset_persister: OffsetPersister) -> None:
         self.store = store
         self.topics = topics
         self.groups = groups
@@ -97,15 +90,6 @@ class AdminGroupsService:
         self.stats: dict[str, int] = {"topics_deleted": 0, "groups_deleted": 0}
         registry.register(RequestCode.DELETE_TOPIC_IN_BROKER, self.delete_topic_in_broker)
         registry.register(RequestCode.DELETE_SUBSCRIPTIONGROUP, self.delete_subscription_group)
-
-    async def start(self) -> None:
-        pass
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-    async def stop(self) -> None:
-        pass
 
     async def delete_topic_in_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """215: see the module docstring."""
@@ -137,7 +121,7 @@ class AdminGroupsService:
             group = check_group(ext.get("groupName"))
         except InvalidNameError as exc:
             raise _error(f"header field 'groupName': {exc}") from None
-        remove_offset = _flag(ext.get("removeOffset"))
+        remove_offset = flag_field(ext, "removeOffset")
         had_config = self.groups.delete(group)
         removed = self.offsets.remove_offsets(group) if remove_offset else 0
         self.stats["groups_deleted"] += 1

@@ -18,20 +18,20 @@ filtering to its client; ``topic`` may be left out (trimq): every topic this bro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import trio
-
+from trimq.broker.deps import HandlerRegistry
+from trimq.broker.services import HandlerService
 from trimq.broker.store.index_dispatch import QueryMessageResult
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.errors import RequestError
-from trimq.protocol.fields import int_field
+from trimq.protocol.fields import flag_field, int_field
 from trimq.protocol.validation import InvalidNameError, check_topic
 from trimq.runtime.logs import get_logger
 
 if TYPE_CHECKING:
-    from trimq.runtime.server import Connection, Handler
+    from trimq.runtime.server import Connection
 
 log = get_logger("trimq.broker.query")
 
@@ -43,12 +43,6 @@ INDEX_WAIT_S = 3.0
 restart may take longer: the answer then holds what is indexed so far)."""
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
-
-
-class Registry(Protocol):
-    """Where handlers are registered (the broker's RemotingServer)."""
-
-    def register(self, code: int, handler: Handler, *, inline: bool = False, fast_path: Any = None) -> None: ...
 
 
 class KeyIndex(Protocol):
@@ -71,17 +65,14 @@ class StoredTopics(Protocol):
     def topics(self) -> list[str]: ...
 
 
-def _flag(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.lower() == "true")
-
-
-class QueryMessageService:
+class QueryMessageService(HandlerService):
     """Answers QUERY_MESSAGE from the index (a broker service with nothing to load, run or persist)."""
 
     name = "query_message"
 
-    def __init__(self, *, registry: Registry, index: KeyIndex, store: StoredTopics, default_query_max_num: int = 32,
-                 max_msgs_num_batch: int = 64, index_wait_s: float = INDEX_WAIT_S) -> None:
+    def __init__(self, *, registry: HandlerRegistry, index: KeyIndex, store: StoredTopics,
+                 default_query_max_num: int = 32, max_msgs_num_batch: int = 64,
+                 index_wait_s: float = INDEX_WAIT_S) -> None:
         self.index = index
         self.store = store
         self.default_query_max_num = default_query_max_num
@@ -90,15 +81,6 @@ class QueryMessageService:
         #: Counters for metrics and tests.
         self.stats: dict[str, int] = {"queries": 0, "found": 0, "not_found": 0}
         registry.register(RequestCode.QUERY_MESSAGE, self.query_message)
-
-    async def start(self) -> None:
-        pass
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-    async def stop(self) -> None:
-        pass
 
     async def query_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """12: see the module docstring."""
@@ -114,7 +96,7 @@ class QueryMessageService:
                 raise RequestError(ResponseCode.SYSTEM_ERROR, f"QUERY_MESSAGE: header field 'topic': {exc}") from None
         else:
             topic = None
-        unique = _flag(ext.get(UNIQUE_MSG_QUERY_FLAG))
+        unique = flag_field(ext, UNIQUE_MSG_QUERY_FLAG)
         max_num = self.default_query_max_num if unique else int_field(ext, "maxNum", INT_MAX, bits=32)
         max_num = min(max_num, self.max_msgs_num_batch)
         begin = int_field(ext, "beginTimestamp", 0)

@@ -15,6 +15,7 @@ from trimq.protocol.fields import (
     JAVA_LONG,
     JAVA_RANGES,
     check_field_ranges,
+    flag_field,
 )
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md"
@@ -50,6 +51,11 @@ def test_values_that_are_no_number_are_left_to_the_handler() -> None:
 def test_a_huge_value_is_shown_cut_in_the_remark() -> None:
     remark = check_field_ranges(RequestCode.PULL_MESSAGE, {"queueOffset": "9" * 4000})
     assert remark is not None and len(remark) < 250 and "(4000 characters)" in remark
+
+
+def test_flag_fields_read_as_javas_parse_boolean() -> None:
+    ext = {"a": True, "b": "true", "c": "TRUE", "d": "yes", "e": 1, "f": False, "g": "false", "h": None}
+    assert [flag_field(ext, n) for n in "abcdefghz"] == [True, True, True, False, False, False, False, False, False]
 
 
 def test_codes_without_numeric_fields_and_unknown_codes_pass() -> None:

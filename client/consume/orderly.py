@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,6 +190,20 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
     def _usable(self, pq: ProcessQueue) -> bool:
         return not self.clustering or (pq.locked and not pq.is_lock_expired(self.clock()))
 
+    def before_listener(self, pq: ProcessQueue,
+                        hook_ctx: dict[str, Any] | None) -> Callable[[], Awaitable[None]]:
+        """The last check before a listener call (raises _LockLapsed), then the ``before`` hooks: waiting for the
+        limiter, a slot or a hook may have outlasted the lock (a paused process), and another client may own the
+        queue by now."""
+
+        async def before() -> None:
+            if not self._usable(pq):
+                raise _LockLapsed
+            if hook_ctx is not None:
+                await self.hooks.run("before", hook_ctx)
+
+        return before
+
     async def consume_request(self, pq: ProcessQueue, mq: MessageQueue) -> None:
         """RocketMQ's ConsumeRequest.run for one queue."""
         if pq.dropped:
@@ -235,15 +250,7 @@ class ConsumeMessageOrderlyService(ConsumeServiceBase):
         """
         context = self.batch_context(mq)
         hook_ctx = self.hook_context(mq, msgs) if self.hooks else None
-
-        async def before() -> None:
-            # The last check before the listener runs: waiting for the limiter (or a hook) may have taken
-            # longer than the lock lives (a paused process), and another client may own the queue by now.
-            if not self._usable(pq):
-                raise _LockLapsed
-            if hook_ctx is not None:
-                await self.hooks.run("before", hook_ctx)
-
+        before = self.before_listener(pq, hook_ctx)
         async with held(self.rebalance.consume_lock(pq)) if self.rebalance is not None else _null_lock():
             if pq.dropped:
                 log.info("consume.queue_dropped", group=self.consumer_group, mq=str(mq))

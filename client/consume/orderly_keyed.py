@@ -309,15 +309,7 @@ class ConsumeMessageKeyedService(ConsumeMessageOrderlyService):
                 return _DONE, 0
             context = self.batch_context(mq)
             hook_ctx = self.hook_context(mq, msgs) if self.hooks else None
-
-            async def before() -> None:
-                # The last check before the listener runs (as in queue scope): waiting for a slot, the limiter or a
-                # hook may have outlasted the lease (a paused process), and another client may own the queue by now.
-                if not self._usable(pq):
-                    raise _LockLapsed
-                if hook_ctx is not None:
-                    await self.hooks.run("before", hook_ctx)
-
+            before = self.before_listener(pq, hook_ctx)
             reset_retry_and_namespace(msgs, self.consumer_group)
             try:
                 outcome = await self._listen(scope, msgs, context, before)

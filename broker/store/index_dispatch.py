@@ -36,7 +36,7 @@ from typing import Protocol
 import trio
 
 from trimq.broker.store.commitlog import CommitLog
-from trimq.broker.store.index import IndexService, QueryOffsetResult
+from trimq.broker.store.index import IndexRecord, IndexService, QueryOffsetResult
 from trimq.protocol.errors import RecordError
 from trimq.protocol.message import MessageConst, MessageExt, get_property
 from trimq.protocol.record import (
@@ -211,14 +211,19 @@ class IndexDispatcher:
         del keyed[:max_records]
         low = max(self.dispatched, cl.min_offset)
         known = self._known
+        batch: list[IndexRecord] = []  # in offset order: the index skips a record older than its newest entry
         for offset in take:
             data = known.pop(offset, None) if known else None
             if offset < low:
                 continue
             if data is not None and offset < cl.max_offset:
-                self._index_known(offset, *data)
+                topic, store_ts, sys_flag, props = data
+                batch.append((topic, offset, store_ts, sys_flag, get_property(props, MessageConst.KEYS),
+                              get_property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)))
             else:
+                self._index_batch(batch)
                 self._index_at(cl, offset)
+        self._index_batch(batch)
         if not keyed and known:
             known.clear()  # left by offsets dropped from ``keyed`` (a slave's cut tail): never looked up again
         self.dispatched = keyed[0] if keyed else max(self.dispatched, cl.max_offset)
@@ -293,13 +298,13 @@ class IndexDispatcher:
         self.dispatched = pos
         return max(seen, 1)
 
-    def _index_known(self, pos: int, topic: str, store_ts: int, sys_flag: int, props: str) -> None:
-        """Index a record from what its append noted (the same fields ``_index_record`` reads back)."""
-        n = self.index.build_index(topic, pos, store_ts, sys_flag, get_property(props, MessageConst.KEYS),
-                                   get_property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
-        if n:
-            self.records_indexed += 1
-            self.entries_written += n
+    def _index_batch(self, batch: list[IndexRecord]) -> None:
+        """Index what the appends noted (the same fields ``_index_record`` reads back); empties ``batch``."""
+        if batch:
+            records, entries = self.index.build_index_batch(batch)
+            self.records_indexed += records
+            self.entries_written += entries
+            batch.clear()
 
     def _index_record(self, buf: memoryview, rel: int, pos: int, index: IndexService) -> None:
         (sys_flag,) = _I32.unpack_from(buf, rel + 36)

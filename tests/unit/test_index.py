@@ -181,6 +181,26 @@ def test_service_rolls_over_reloads_and_deletes(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_batch_rolls_over_inside_a_records_keys(tmp_path: Path) -> None:
+    """build_index_batch writes a record's keys into the file while it has room and the rest into the next one,
+    as RocketMQ's putKey loop does; rolled-back halves and records without keys are skipped."""
+    clock = [T0]
+    svc = service(tmp_path / "index", clock)  # 4 entries per file
+    records = [
+        ("T", 0, T0, 0, "a b", "U0"),  # 3 entries: the first file holds 3 of 4
+        ("T", 100, T0 + 1_000, 0xC, "rolled back", None),  # skipped
+        ("T", 200, T0 + 2_000, 0, None, None),  # nothing to index
+        ("T", 300, T0 + 3_000, 0, "c d", "U1"),  # 1 entry fits, 2 go to a new file
+    ]
+    assert svc.build_index_batch(records) == (2, 6)
+    assert [f.header.index_count - 1 for f in svc.files] == [4, 2]
+    assert svc.files[1].header.begin_phy_offset == 300 and svc.files[0].header.end_phy_offset == 300
+    for key, offsets in (("U0", [0]), ("a", [0]), ("b", [0]), ("U1", [300]), ("c", [300]), ("d", [300])):
+        assert svc.query_offset("T", key, 10, 0, 2**62).phy_offsets == offsets, key
+    assert svc.build_index("T", 250, T0, 0, "late", None) == 0  # older than the newest entry: skipped
+    svc.close()
+
+
 def test_other_geometry_is_dropped_for_a_rebuild(tmp_path: Path) -> None:
     clock = [T0]
     svc = service(tmp_path / "index", clock)

@@ -486,15 +486,8 @@ class IndexService:
         for topic, phy_offset, store_timestamp, sys_flag, keys, uniq_key in records:
             if sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_ROLLBACK_TYPE:
                 continue
-            if keys:
-                words = [k for k in keys.split(KEY_SEPARATOR) if k]  # keys_of, inlined
-                if uniq_key is not None:
-                    words.insert(0, uniq_key)
-                if not words:
-                    continue
-            elif uniq_key is not None:
-                words = [uniq_key]
-            else:  # (RocketMQ creates the first file even then; an index of nothing needs no file)
+            words = keys_of(keys, uniq_key)
+            if not words:  # (RocketMQ creates the first file even then; an index of nothing needs no file)
                 continue
             f = files[-1] if files and files[-1].header.index_count < self.index_num else self._last_file()
             if phy_offset < f.header.end_phy_offset:

@@ -192,3 +192,30 @@ async def test_index_from_the_appends_notes_equals_the_index_read_back_from_the_
         st.index.flush()
         assert bodies(st, "T", "k3") == [b"b2"] and bodies(st, "T", "B0", unique=True) == [b"b0"]
     assert sorted(p.read_bytes() for p in (store / "index").iterdir()) == noted
+
+
+async def test_a_pass_mixing_noted_and_read_back_records_indexes_them_in_log_order(tmp_path: Path) -> None:
+    """Records the append noted and records the index must read back (a slave's, or notes already dropped) can
+    meet in one pass: they are indexed in commit-log order, so none is skipped as older than the index's end."""
+    store = tmp_path / "s"
+    async with running(store) as st:
+        disp = st.index_dispatcher
+        note = disp.note_keyed
+
+        def note_every_other(offsets: list[int], known: Any = None) -> None:
+            note(offsets, known)
+            for offset in offsets[1::2]:
+                disp._known.pop(offset, None)  # these are read back from the log
+
+        disp.note_keyed = note_every_other  # type: ignore[method-assign]
+        await st.put_messages("T", 0, [(b"m%d" % i, f"KEYS\x01k{i % 2}\x02UNIQ_KEY\x01U{i}\x02", 0)
+                                       for i in range(6)], born_timestamp=0, born_host=BORN)
+        await caught_up(st)
+        assert bodies(st, "T", "k0") == [b"m0", b"m2", b"m4"] and bodies(st, "T", "k1") == [b"m1", b"m3", b"m5"]
+        st.index.flush()
+    mixed = sorted(p.read_bytes() for p in (store / "index").iterdir())
+    shutil.rmtree(store / "index")
+    async with running(store) as st:  # rebuilt by reading every record back
+        await caught_up(st)
+        st.index.flush()
+    assert sorted(p.read_bytes() for p in (store / "index").iterdir()) == mixed

@@ -46,6 +46,7 @@ __all__ = [
     "INDEX_HEADER_SIZE",
     "IndexFile",
     "IndexHeader",
+    "IndexRecord",
     "IndexService",
     "QueryOffsetResult",
     "build_key",
@@ -479,8 +480,6 @@ class IndexService:
     def build_index_batch(self, records: Iterable[IndexRecord]) -> tuple[int, int]:
         """:meth:`build_index` for each record, in commit-log order, in one loop (the index is the broker's
         largest cost per message after the append). Returns (records indexed, entries written)."""
-        heads = self._head_hashes
-        topic_hashes = self._topic_hashes
         files = self.files
         indexed = written = 0
         for topic, phy_offset, store_timestamp, sys_flag, keys, uniq_key in records:
@@ -492,27 +491,8 @@ class IndexService:
             f = files[-1] if files and files[-1].header.index_count < self.index_num else self._last_file()
             if phy_offset < f.header.end_phy_offset:
                 continue
-            cached = topic_hashes.get(topic)
-            prefix_hash, prefix = cached if cached is not None else self._topic_prefix(topic)
-            hashes = []
-            for word in words:
-                if prefix_hash >= 0 and word.isascii():
-                    data = word.encode()
-                    if len(data) > _KEY_HEAD_MIN:
-                        head_key = (prefix_hash, data[:-_KEY_TAIL])
-                        head_hash = heads.get(head_key)
-                        if head_hash is None:
-                            head_hash = _ascii_hash(head_key[1], prefix_hash) & _MASK
-                            if len(heads) >= _HEAD_CACHE_MAX:
-                                heads.clear()  # producers come and go: start again rather than keep stale heads
-                            heads[head_key] = head_hash
-                        h = _ascii_hash(data[-_KEY_TAIL:], head_hash) & _MASK
-                    else:
-                        h = _ascii_hash(data, prefix_hash) & _MASK
-                    h = h - 0x100000000 if h > _INT_MAX else h
-                    hashes.append(0 if h == -0x80000000 else abs(h))
-                else:
-                    hashes.append(index_key_hash(prefix + word))
+            prefix_hash, prefix = self._topic_prefix(topic)
+            hashes = [self._key_hash(prefix_hash, prefix, word) for word in words]
             done = f.put_hashes(hashes, phy_offset, store_timestamp)
             while done < len(hashes):
                 log.warning("index.file_full", file=f.path.name, index_count=f.header.index_count)
@@ -521,6 +501,26 @@ class IndexService:
             indexed += 1
             written += done
         return indexed, written
+
+    def _key_hash(self, prefix_hash: int, prefix: str, word: str) -> int:
+        """``index_key_hash(prefix + word)``, carried on from the prefix's hash (-1: not ASCII). A long key's head
+        is hashed once (``_head_hashes``) and only its tail each time."""
+        if prefix_hash < 0 or not word.isascii():
+            return index_key_hash(prefix + word)
+        data = word.encode()
+        if len(data) > _KEY_HEAD_MIN:
+            head_key = (prefix_hash, data[:-_KEY_TAIL])
+            head_hash = self._head_hashes.get(head_key)
+            if head_hash is None:
+                head_hash = _ascii_hash(head_key[1], prefix_hash) & _MASK
+                if len(self._head_hashes) >= _HEAD_CACHE_MAX:
+                    self._head_hashes.clear()  # producers come and go: start again rather than keep stale heads
+                self._head_hashes[head_key] = head_hash
+            h = _ascii_hash(data[-_KEY_TAIL:], head_hash) & _MASK
+        else:
+            h = _ascii_hash(data, prefix_hash) & _MASK
+        h = h - 0x100000000 if h > _INT_MAX else h
+        return 0 if h == -0x80000000 else abs(h)
 
     # -- querying -------------------------------------------------------------------------------------
     def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int,

@@ -30,6 +30,11 @@ Guarantees, and how:
   with that marker, and skips those. Deliveries within a level are sequential, so the first entry without
   a copy ends the check (records that cannot be delivered at all are dropped as before, without ending
   it). RocketMQ itself delivers that window twice.
+* **Progress is checked against the log it describes.** A slave's progress comes from its master's (metadata
+  sync), apart from the copies (replication), so a promoted slave can hold progress past an entry whose copy it
+  never got. Before a level delivers (at start, or promoted), the entry before its progress must have its copy
+  in this store, else the progress walks back to the last entry that has one (``_rewind_to_delivered``); the
+  entries walked over are delivered again, so none is lost.
 
 Waiting: a level task sleeps until its head entry is due (trio clock; the due times are wall-clock ms), or,
 when its queue is empty, until :meth:`notify_arrival` (the store's arrival listener) says something was
@@ -91,6 +96,10 @@ BATCH_UNITS = 32
 #: Due-time slack when looking for an already delivered copy after a restart (clock jitter between the
 #: due check and the append's store timestamp).
 RECOVERY_SLACK_MS = 5_000
+
+#: At most this many entries of a level are walked back over when its progress is ahead of the delivered copies
+#: this store holds (after a promotion); older entries are taken as delivered.
+REWIND_MAX_ENTRIES = 100_000
 
 #: Transaction types RocketMQ schedules (CommitLog.asyncPutMessage): not transactional, or commit.
 _TRAN_TYPE_MASK = SYSFLAG_TRANSACTION_ROLLBACK  # 0xC covers both bits
@@ -482,8 +491,10 @@ class ScheduleMessageService:
         queue_id = self.table.queue_id_for(level)
         store = self.store
         recovering = True  # until the first entry with no delivered copy (see the module docstring)
-        seen: dict[tuple[str, int], dict[str, int]] = {}  # real queue -> markers of copies found there
-        offset = self.offsets.get(level, 0)
+        finder = _CopyFinder(store, self.table)
+        offset = await self._rewind_to_delivered(level, queue_id, self.offsets.get(level, 0), finder)
+        if offset != self.offsets.get(level, 0):
+            self._set_offset(level, offset)
         while True:
             arrival = trio.Event()
             self._arrivals[level] = arrival  # before reading max: an append after this sets it
@@ -501,7 +512,7 @@ class ScheduleMessageService:
                 self._set_offset(level, offset)
             if offset >= max_offset:
                 recovering = False
-                seen.clear()
+                finder.clear()
                 with trio.move_on_after(self.flush_interval_s):  # belt and braces; arrivals wake it
                     await arrival.wait()
                 continue
@@ -531,7 +542,7 @@ class ScheduleMessageService:
                     self._set_offset(level, offset)
                     continue
                 if recovering:
-                    if await self._already_delivered(msg, seen):
+                    if await finder.has_copy(msg):
                         log.info("schedule.duplicate_skipped", level=level, offset=offset,
                                  commit_log_offset=phys)
                         self.skipped_duplicates += 1
@@ -539,7 +550,7 @@ class ScheduleMessageService:
                         self._set_offset(level, offset)
                         continue
                     recovering = False
-                    seen.clear()
+                    finder.clear()
                 result = await store.put_message(
                     req.topic, req.queue_id, req.body, req.properties, flag=req.flag, sys_flag=req.sys_flag,
                     born_timestamp=req.born_timestamp, born_host=req.born_host,
@@ -559,15 +570,56 @@ class ScheduleMessageService:
     def _read_units(self, queue_id: int, offset: int, count: int) -> list[tuple[int, int, int]]:
         return read_units(self.store, SCHEDULE_TOPIC, queue_id, offset, count)
 
-    async def _already_delivered(self, schedule_record: MessageExt, seen: dict[tuple[str, int], dict[str, int]]
-                                 ) -> bool:
-        """Whether the real queue already holds the copy of ``schedule_record`` (crash-window check).
+    async def _rewind_to_delivered(self, level: int, queue_id: int, offset: int, finder: _CopyFinder) -> int:
+        """``offset`` checked against this store: the entry before it must have its copy here, else the progress
+        walks back to the last entry whose copy is here (at most :data:`REWIND_MAX_ENTRIES`).
 
-        The first check of a real queue scans it once, from just before the record's due time to its end,
-        collecting the markers of copies found there into ``seen``; later checks of the same level look
-        there (their due times are later, and no copy is appended while the level is still checking), so
-        recovering a window of n entries costs one scan, not n.
+        Progress can be ahead of the commit log it describes: a slave takes its master's progress by the metadata
+        sync, apart from the replication that brings the copies, so a master lost while a copy was still in flight
+        leaves a promoted slave (or a demoted master come back) with progress past an entry it has no copy of.
+        Deliveries within a level are sequential, so once one entry's copy is found every earlier entry is
+        delivered; the entries walked over are delivered again (the recovery check skips any copy it finds).
         """
+        store = self.store
+        min_offset = store.get_min_offset_in_queue(SCHEDULE_TOPIC, queue_id)
+        if offset > store.get_max_offset_in_queue(SCHEDULE_TOPIC, queue_id):
+            return offset  # the delivery loop's truncation rule applies
+        checked = offset
+        while checked > min_offset and offset - checked < REWIND_MAX_ENTRIES:
+            units = self._read_units(queue_id, checked - 1, 1)
+            if not units:
+                break
+            record = store.lookup_message_by_offset(units[0][0])
+            if record is not None and await finder.has_copy(record):
+                break
+            checked -= 1  # no copy here: delivered again (or, if undeliverable, dropped again)
+        if checked < offset:
+            log.warning("schedule.progress_rewound", level=level, offset=offset, rewound_to=checked,
+                        why="entries before the progress have no delivered copy in this store")
+        return checked
+
+
+class _CopyFinder:
+    """Finds the delivered copy of a schedule record in its real queue by the copy's marker (the restart and
+    promotion checks of one level).
+
+    Each real queue is read at most once: from just before the earliest due time asked about, forward only as far
+    as needed (a copy is appended at about its due time, so it is found near the start). A question about an
+    earlier record reads the part before what was read; markers found on the way are kept. Nothing of the level is
+    delivered while it checks, so what was read stays true.
+    """
+
+    def __init__(self, store: Any, table: DelayLevelTable) -> None:
+        self._store = store
+        self._table = table
+        #: real queue -> [first read position, end of what was read, marker -> commit-log offset of the copy]
+        self._spans: dict[tuple[str, int], tuple[list[int], dict[str, int]]] = {}
+
+    def clear(self) -> None:
+        self._spans.clear()
+
+    async def has_copy(self, schedule_record: MessageExt) -> bool:
+        """Whether the real queue of ``schedule_record`` holds its delivered copy."""
         props = schedule_record.properties
         topic = props.get(MessageConst.REAL_TOPIC)
         try:
@@ -576,38 +628,57 @@ class ScheduleMessageService:
             return False
         if not topic or queue_id < 0:
             return False
-        markers = seen.get((topic, queue_id))
-        if markers is None:
-            markers = seen[(topic, queue_id)] = await self._scan_markers(schedule_record, topic, queue_id)
-        copy_at = markers.get(str(schedule_record.commit_log_offset))
-        return copy_at is not None and copy_at > schedule_record.commit_log_offset
+        marker, after = str(schedule_record.commit_log_offset), schedule_record.commit_log_offset
+        start = self._start(schedule_record, topic, queue_id)
+        span = self._spans.get((topic, queue_id))
+        if span is None:
+            span = self._spans[(topic, queue_id)] = ([start, start], {})
+        bounds, markers = span
+        if start < bounds[0]:
+            await self._read(topic, queue_id, start, bounds[0], markers)
+            bounds[0] = start
+        copy_at = markers.get(marker)
+        if copy_at is not None and copy_at > after:
+            return True
+        end = self._store.get_max_offset_in_queue(topic, queue_id)
+        while bounds[1] < end:
+            read = await self._read(topic, queue_id, bounds[1], min(bounds[1] + BATCH_UNITS, end), markers)
+            if not read:
+                break
+            bounds[1] += read
+            copy_at = markers.get(marker)
+            if copy_at is not None and copy_at > after:
+                return True
+        return False
 
-    async def _scan_markers(self, schedule_record: MessageExt, topic: str, queue_id: int) -> dict[str, int]:
-        store = self.store
+    def _start(self, schedule_record: MessageExt, topic: str, queue_id: int) -> int:
+        """The real-queue position from which the copy can be there: just before the record's due time."""
+        store = self._store
         lower = schedule_record.store_timestamp
         try:
-            level = self.table.clamp(delay_level_of(schedule_record.properties))
-            due = self.table.due_time(level, schedule_record.store_timestamp)
-            lower = max(lower, due - RECOVERY_SLACK_MS)
+            level = self._table.clamp(delay_level_of(schedule_record.properties))
+            lower = max(lower, self._table.due_time(level, schedule_record.store_timestamp) - RECOVERY_SLACK_MS)
         except ValueError:
             pass
-        max_offset = store.get_max_offset_in_queue(topic, queue_id)
-        pos = max(store.get_min_offset_in_queue(topic, queue_id),
-                  store.get_offset_in_queue_by_time(topic, queue_id, lower) - 1)
-        markers: dict[str, int] = {}
-        while pos < max_offset:
-            units = read_units(store, topic, queue_id, pos, min(BATCH_UNITS, max_offset - pos))
+        return max(store.get_min_offset_in_queue(topic, queue_id),
+                   store.get_offset_in_queue_by_time(topic, queue_id, lower) - 1)
+
+    async def _read(self, topic: str, queue_id: int, pos: int, end: int, markers: dict[str, int]) -> int:
+        """Collect the markers of the records at ``pos`` .. ``end``; returns how many units were read."""
+        store = self._store
+        done = 0
+        while pos + done < end:
+            units = read_units(store, topic, queue_id, pos + done, min(BATCH_UNITS, end - pos - done))
             if not units:
                 break
             for phys, _size, _tags in units:
-                if phys > schedule_record.commit_log_offset:
-                    candidate = store.lookup_message_by_offset(phys)
-                    marker = candidate.properties.get(SCHEDULE_OFFSET_PROPERTY) if candidate is not None else None
-                    if marker is not None:
-                        markers[marker] = phys
-            pos += len(units)
-            await trio.lowlevel.checkpoint()  # a long scan must not starve the other tasks
-        return markers
+                candidate = store.lookup_message_by_offset(phys)
+                found = candidate.properties.get(SCHEDULE_OFFSET_PROPERTY) if candidate is not None else None
+                if found is not None:
+                    markers[found] = phys
+            done += len(units)
+            await trio.lowlevel.checkpoint()  # a long read must not starve the other tasks
+        return done
 
 
 def _copy_end(result: Any) -> int:

@@ -1,6 +1,7 @@
 """Master/slave brokers in-process, HA part 2 (issue 15): offsets committed to the slave while its master is
 away survive the master's return (merged by commit version both ways); only a master delivers delayed
-messages (RocketMQ's handleScheduleMessageService), a promoted slave starts delivering."""
+messages (RocketMQ's handleScheduleMessageService), a promoted slave starts delivering, and delivers a delayed
+message whose copy never reached it though the progress it synced had passed it."""
 
 from __future__ import annotations
 
@@ -123,6 +124,76 @@ async def test_only_a_master_delivers_delayed_messages(broker_factory: Callable[
         r = await send(rclient, slave.address, "T", 0, b"later2", DELAY="1")
         assert r.code == ResponseCode.SUCCESS, r.remark
         await until(lambda: slave.schedule_message_service.delivered == 1, "the promoted slave's delivery")
+
+
+class HALink:
+    """A TCP relay between a slave and its master's HA port that can hold back what the master sends (a stalled
+    replication link while the brokers' remoting ports still answer)."""
+
+    def __init__(self, master_ha_addr: str) -> None:
+        self.master_ha_addr = master_ha_addr
+        self.address = ""
+        self.flowing = True
+
+    def pause(self) -> None:
+        """From now on nothing the master sends reaches the slave (the connections stay open)."""
+        self.flowing = False
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        host, port = self.master_ha_addr.rsplit(":", 1)
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+        async def relay(slave_side: trio.SocketStream) -> None:
+            master_side = await trio.open_tcp_stream(host, int(port))
+
+            async def pump(src: trio.SocketStream, dst: trio.SocketStream, gated: bool) -> None:
+                while True:
+                    data = await src.receive_some(65536)
+                    if not data:
+                        break
+                    if gated and not self.flowing:
+                        await trio.sleep_forever()
+                    await dst.send_all(data)
+
+            async with slave_side, master_side:
+                try:
+                    async with trio.open_nursery() as pumps:
+                        pumps.start_soon(pump, slave_side, master_side, False)
+                        pumps.start_soon(pump, master_side, slave_side, True)
+                except* (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+        task_status.started()
+        await trio.serve_listeners(relay, listeners)
+
+
+async def test_a_promoted_slave_delivers_a_delayed_message_its_synced_progress_had_passed(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    """The master delivers a delayed message while the copy has not reached the slave, and the slave's metadata sync
+    takes the master's delay progress past it: promoted, the slave must deliver it rather than lose it (its
+    schedule entry was replicated long before; a send-back on a SYNC_MASTER is answered only after that)."""
+    levels = {"message_delay_level": "100ms 200ms"}
+    async with broker_factory(**levels) as master, trio.open_nursery() as nursery:
+        link = HALink(master.ha_controller.ha_server_addr)
+        await nursery.start(link.serve)
+        async with broker_factory(broker_role="SLAVE", broker_id=1, ha_master_address=link.address,
+                                  **levels) as slave:
+            r = await send(rclient, master.address, "T", 0, b"later", DELAY="1")
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            await until(lambda: slave.store.commitlog.max_offset == master.store.commitlog.max_offset,
+                        "the schedule entry replicated")
+            link.pause()
+            await until(lambda: master.schedule_message_service.delivered == 1, "the master's delivery")
+            assert await slave.ha_controller.sync.sync_all(rclient)
+            assert slave.schedule_message_service.offsets[1] == 1  # the master's progress, past the entry
+            assert slave.store.get_max_offset_in_queue("T", 0) == 0  # but the copy never arrived
+            r = await call(rclient, slave.address, RC.PROMOTE_BROKER, {"brokerName": "broker-a", "brokerId": 1})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            await until(lambda: slave.schedule_message_service.delivered == 1, "the promoted slave's delivery")
+            await until(lambda: slave.store.get_max_offset_in_queue("T", 0) == 1, "the copy on the new master")
+            assert slave.schedule_message_service.offsets[1] == 1
+        nursery.cancel_scope.cancel()
 
 
 async def test_an_ordered_send_to_a_broker_whose_master_is_down_fails_fast_and_no_key_moves(

@@ -336,6 +336,27 @@ async def test_graceful_restart_keeps_waiting_messages_and_progress(tmp_path: Pa
         assert broker.schedule_message_service.skipped_duplicates == 0
 
 
+async def test_progress_past_entries_without_copies_is_walked_back_at_start(tmp_path: Path) -> None:
+    # A slave's progress comes from its master's (metadata sync), apart from the copies (replication): it can
+    # say entries were delivered whose copies this store never got. At start each level checks the entry before
+    # its progress and walks back to the last one whose copy is here.
+    store_dir = tmp_path / "store"
+    async with running_broker(store_dir, message_delay_level="100ms 60s") as broker, RemotingClient() as rc:
+        assert (await send(rc, broker.address, T, b"a", {"DELAY": "1"})).ok
+        await pull_until(rc, broker.address, T, 0, 1)
+        for body in (b"b", b"c", b"d"):
+            assert (await send(rc, broker.address, T, body, {"DELAY": "2"})).ok
+    offsets_file = store_dir / "config" / "delayOffset.json"
+    assert json.loads(offsets_file.read_text()) == {"offsetTable": {"1": 1, "2": 0}}
+    offsets_file.write_text(json.dumps({"offsetTable": {"1": 1, "2": 2}}))  # b and c "delivered", no copies
+    async with running_broker(store_dir, message_delay_level="100ms 200ms") as broker, RemotingClient() as rc:
+        got = await pull_until(rc, broker.address, T, 0, 4)
+        assert [m.body for m in got] == [b"a", b"b", b"c", b"d"]  # a once: level 1's progress held
+        svc = broker.schedule_message_service
+        assert svc.offsets == {1: 1, 2: 3} and svc.delivered == 3 and svc.skipped_duplicates == 0
+        assert broker.store.get_max_offset_in_queue(T, 0) == 4
+
+
 async def test_progress_is_persisted_only_past_copies_the_store_has_fsynced(tmp_path: Path) -> None:
     # ASYNC_FLUSH with a long interval: the delivered copy sits unflushed until we flush the store ourselves.
     async with running_broker(tmp_path / "store", flush_interval_ms=60_000) as broker, RemotingClient() as rc:

@@ -104,10 +104,21 @@ class QueueOffsets(Protocol):
     def get_earliest_msg_store_time(self, topic: str, queue_id: int) -> int | None: ...
 
 
+class ReadableArrivals(Protocol):
+    """Arrivals once readers may see them (broker/store/read.py ReadGate)."""
+
+    listeners: list[ArrivalListener]
+
+
 class QueueReader(Protocol):
     """What a pull reads (MessageStore): messages of a queue, its end, and arrivals for long polling."""
 
     arrival_listeners: list[ArrivalListener]
+
+    @property
+    def read_gate(self) -> ReadableArrivals: ...
+
+    def has_readable(self, topic: str, queue_id: int, offset: int) -> bool: ...
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_msg_nums: int,
                     tag_codes: frozenset[int] | set[int] | None = None, *,

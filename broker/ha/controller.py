@@ -167,7 +167,8 @@ class HAController:
                 f"master (brokerId 0, at {master})")
 
     def _apply_role(self) -> None:
-        """Make the store follow the role: a slave refuses writes; a SYNC_MASTER waits for its slave."""
+        """Make the store follow the role: a slave refuses writes; a SYNC_MASTER waits for its slave, and its
+        readers see only what a slave holds (ReadGate)."""
         store = self.store
         if self.role == SLAVE:
             store.writable = False
@@ -178,6 +179,9 @@ class HAController:
                 store.writable = True
                 store.not_writable_reason = ""
             store.replica_wait = self.service.wait_for_slave if self.role == SYNC_MASTER else None
+        sync_master = self.role == SYNC_MASTER
+        store.read_gate.limit_fn = self.service.read_limit if sync_master else _no_read_limit
+        store.read_gate.release()
 
     def _notify(self) -> None:
         for listener in list(self.listeners):
@@ -382,6 +386,10 @@ class HAController:
             out.update(masterConnected=client.connected, masterAddr=self.master_addr(),
                        masterHaAddr=self.master_ha_address(), dispatchedOffset=client.writer.reput_offset)
         return out
+
+
+def _no_read_limit() -> None:
+    return None
 
 
 def _broker_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:

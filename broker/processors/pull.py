@@ -90,7 +90,7 @@ def parse_subscription(expression: str | None) -> frozenset[int] | None:
 
 
 def _grown(store: QueueReader, topic: str, queue_id: int, offset: int) -> Callable[[], bool]:
-    return lambda: store.get_max_offset_in_queue(topic, queue_id) > offset
+    return lambda: store.has_readable(topic, queue_id, offset)
 
 
 class PullService:
@@ -106,7 +106,7 @@ class PullService:
         self.topics = topics
         self.offsets = offsets
         self.long_polling = long_polling
-        self.store.arrival_listeners.append(self.long_polling.notify)
+        self.store.read_gate.listeners.append(self.long_polling.notify)  # arrivals once readable (ReadGate)
         #: (topic, group) -> [messages, record bytes] returned by pulls, read by broker/metrics.py at scrape time.
         self.get_stats: dict[tuple[str, str], list[int]] = {}
         # A pull is answered in the connection's reading task when it finds messages (or must not wait), and held

@@ -19,7 +19,8 @@ recovery, flushing and reclaim (``lifecycle.py``); its settings, results and sha
 * **Index** (``broker/store/index.py``, ``index_dispatch.py``): RocketMQ's index files, written by a task of
   their own from the commit log (an append only wakes it), rebuilt past their newest entry at start.
 
-Extension points for the later services: ``arrival_listeners`` (long polling), ``put_hook`` (the
+Extension points for the later services: ``arrival_listeners`` (replication, delayed delivery; long polling
+listens to ``read_gate``, which passes arrivals on once readable), ``put_hook`` (the
 schedule service redirects DELAY messages to SCHEDULE_TOPIC_XXXX there) and ``tags_code_resolvers``
 (per-topic rule for the consume-queue tags field, e.g. the delivery time of scheduled messages).
 """
@@ -33,7 +34,7 @@ import trio
 from trimq.broker.store.append import StoreAppend
 from trimq.broker.store.clean import CleanService
 from trimq.broker.store.lifecycle import StoreLifecycle
-from trimq.broker.store.read import StoreRead
+from trimq.broker.store.read import ReadGate, StoreRead
 from trimq.broker.store.store_base import StoreConfig
 
 __all__ = ["MessageStore"]
@@ -53,6 +54,9 @@ class MessageStore(StoreLifecycle, StoreAppend, StoreRead):
         super().__init__(config, store_host=store_host, now_ms=now_ms, disk_usage=disk_usage)
         #: Reclaim (broker/store/clean.py): it sees the whole store, deleting through the lifecycle part.
         self.cleaner = CleanService(self)
+        #: SYNC_MASTER's high watermark for readers (read.py ReadGate): long polling listens to it.
+        self.read_gate = ReadGate(lambda: self.commitlog.max_offset)
+        self.arrival_listeners.append(self.read_gate.on_arrival)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

@@ -5,10 +5,13 @@ requests make (offsets by time, store timestamps, single records). Synchronous: 
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from trimq.broker.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT
 from trimq.broker.store.store_base import (
+    ArrivalListener,
     GetMessageResult,
     GetMessageStatus,
     StoreBase,
@@ -17,13 +20,67 @@ from trimq.protocol.errors import RecordError
 from trimq.protocol.message import MessageExt
 from trimq.protocol.record import decode_record
 
-__all__ = ["StoreRead"]
+__all__ = ["ReadGate", "StoreRead"]
 
 _MAX_FILTER_UNITS = 16000 // CQ_STORE_UNIT_SIZE  # RocketMQ scans at least 16000 bytes of units per pull
 
 
+class ReadGate:
+    """SYNC_MASTER: a reader sees a record only once a slave holds it (the high watermark).
+
+    A consumer that read a record only the master held would, after a failover, continue past the queue offset
+    the promoted slave gives the next message, and never receive that one. So on a SYNC_MASTER with a slave
+    available (``limit`` is then the slave's acknowledged commit-log offset) pulls stop at the first record the
+    slave has not acknowledged, and arrivals reach long polling (``listeners``) once acknowledged. ``limit``
+    None (no gate: any other role, no slave connected, or one too far behind, as a send's SLAVE_NOT_AVAILABLE)
+    makes every record readable at once. RocketMQ 4.9.3 serves records before replication; its DLedger mode
+    serves committed entries only, as here.
+    """
+
+    def __init__(self, commitlog_end: Callable[[], int]) -> None:
+        self._commitlog_end = commitlog_end
+        #: The readable commit-log end (None: everything), set by the HA controller for a SYNC_MASTER.
+        self.limit_fn: Callable[[], int | None] = lambda: None
+        #: Told of an arrival once it is readable: (topic, queue id, the queue's max offset).
+        self.listeners: list[ArrivalListener] = []
+        self._held: deque[tuple[int, str, int, int]] = deque()  # (commit-log end, topic, queue id, max offset)
+
+    def limit(self) -> int | None:
+        return self.limit_fn()
+
+    def on_arrival(self, topic: str, queue_id: int, new_max: int) -> None:
+        """The store's arrival listener: pass the arrival on, or hold it until a slave acknowledges it."""
+        limit = self.limit_fn()
+        end = self._commitlog_end()
+        if limit is not None and end > limit:
+            self._held.append((end, topic, queue_id, new_max))
+            return
+        if self._held:
+            self.release()
+        self._tell(topic, queue_id, new_max)
+
+    def release(self) -> None:
+        """Pass on the held arrivals that are readable now (all of them when the gate is open)."""
+        held = self._held
+        if not held:
+            return
+        limit = self.limit_fn()
+        ready: dict[tuple[str, int], int] = {}
+        while held and (limit is None or held[0][0] <= limit):
+            _end, topic, queue_id, new_max = held.popleft()
+            ready[(topic, queue_id)] = new_max
+        for (topic, queue_id), new_max in ready.items():
+            self._tell(topic, queue_id, new_max)
+
+    def _tell(self, topic: str, queue_id: int, new_max: int) -> None:
+        for listener in self.listeners:
+            listener(topic, queue_id, new_max)
+
+
 class StoreRead(StoreBase):
     """The read path of :class:`~trimq.broker.store.message_store.MessageStore`."""
+
+    read_gate: ReadGate
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         """The offset the next message of the queue gets (0 for an empty or unknown queue)."""
@@ -83,8 +140,15 @@ class StoreRead(StoreBase):
         scanned = 0
         cl_max = self.commitlog.max_offset
         cl_min = self.commitlog.min_offset
+        readable = self.read_gate.limit()
+        if readable is None or readable > cl_max:
+            readable = cl_max
         for phys, size, tags in UNIT.iter_unpack(data):
             if n and (n >= count_cap or total + size > byte_cap):
+                break
+            if phys + size > readable and phys >= cl_min and phys + size <= cl_max:
+                if not scanned:  # no slave holds it yet (ReadGate): as if it had not arrived
+                    return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
                 break
             scanned += 1
             if tag_codes is not None and tags not in tag_codes:
@@ -102,6 +166,18 @@ class StoreRead(StoreBase):
         else:
             body = b""
         return GetMessageResult(status, offset + scanned, lo, hi, body, n)
+
+    def has_readable(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether a pull from ``offset`` can find something: the queue goes past it and, behind a
+        :class:`ReadGate`, a slave holds the record there."""
+        cq = self.find_consume_queue(topic, queue_id)
+        if cq is None or cq.max_offset <= offset:
+            return False
+        limit = self.read_gate.limit()
+        if limit is None:
+            return True
+        unit = cq.get_unit(offset)
+        return unit is None or unit[0] + unit[1] <= limit
 
     def read_record(self, commit_log_offset: int) -> bytes | None:
         """The raw record at ``commit_log_offset`` (VIEW_MESSAGE_BY_ID), or None."""

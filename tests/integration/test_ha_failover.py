@@ -196,6 +196,65 @@ async def test_a_promoted_slave_delivers_a_delayed_message_its_synced_progress_h
         nursery.cancel_scope.cancel()
 
 
+def pull_request(offset: int, suspend_ms: int = 0) -> dict[str, Any]:
+    return {"consumerGroup": "cg", "topic": "T", "queueId": 0, "queueOffset": offset, "maxMsgNums": 32,
+            "sysFlag": 2 if suspend_ms else 0, "commitOffset": 0, "suspendTimeoutMillis": suspend_ms,
+            "subscription": "*", "subVersion": 0}
+
+
+async def test_a_sync_master_serves_readers_only_what_a_slave_holds_so_a_promotion_skips_nothing(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    """A consumer that read a record only the master held would continue, after a failover, past the queue offset
+    the promoted slave gives the next message: that message, acknowledged, would never be consumed. A SYNC_MASTER
+    lets readers see what a slave acknowledged (a held pull is answered on the acknowledgement), everything once
+    no slave is connected."""
+    async with broker_factory(broker_role="SYNC_MASTER", slave_timeout=200) as master, \
+            trio.open_nursery() as nursery:
+        link = HALink(master.ha_controller.ha_server_addr)
+        link_scope = trio.CancelScope()
+
+        async def run_link(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with link_scope:
+                await link.serve(task_status=task_status)
+
+        await nursery.start(run_link)
+        async with broker_factory(broker_role="SLAVE", broker_id=1, ha_master_address=link.address) as slave:
+            await until(lambda: bool(master.ha_controller.service.connections), "the slave connected")
+            r = await send(rclient, master.address, "T", 0, b"m0")
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            held: list[RemotingCommand] = []
+
+            async def held_pull() -> None:
+                held.append(await call(rclient, master.address, RC.PULL_MESSAGE, pull_request(1, 5000)))
+
+            nursery.start_soon(held_pull)
+            await until(lambda: master.long_polling.held == 1, "the pull held")
+            r = await send(rclient, master.address, "T", 0, b"m1")
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            await until(lambda: bool(held), "the held pull answered once the slave acknowledged m1", timeout=3)
+            assert held[0].code == ResponseCode.SUCCESS and held[0].ext["nextBeginOffset"] == 2
+            # the link stalls: the master stores m2, no slave confirms it, and no reader sees it
+            link.pause()
+            r = await send(rclient, master.address, "T", 0, b"m2")
+            assert r.code == ResponseCode.FLUSH_SLAVE_TIMEOUT, r.remark
+            p = await call(rclient, master.address, RC.PULL_MESSAGE, pull_request(2))
+            assert p.code == ResponseCode.PULL_NOT_FOUND and p.ext["nextBeginOffset"] == 2
+            assert p.ext["maxOffset"] == 3
+            # the master is lost; the promoted slave gives m3 queue offset 2, where the consumer goes on
+            r = await call(rclient, slave.address, RC.PROMOTE_BROKER, {"brokerName": "broker-a", "brokerId": 1})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            r = await send(rclient, slave.address, "T", 0, b"m3")
+            assert r.code == ResponseCode.SUCCESS and r.ext["queueOffset"] == 2, r.remark
+            p = await call(rclient, slave.address, RC.PULL_MESSAGE, pull_request(2))
+            assert p.code == ResponseCode.SUCCESS and p.ext["nextBeginOffset"] == 3 and b"m3" in p.body
+        # no slave connected any more: the old master's readers see m2 (as its sends say SLAVE_NOT_AVAILABLE)
+        link_scope.cancel()
+        await until(lambda: not master.ha_controller.service.connections, "the slave gone")
+        p = await call(rclient, master.address, RC.PULL_MESSAGE, pull_request(2))
+        assert p.code == ResponseCode.SUCCESS and b"m2" in p.body
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_ordered_send_to_a_broker_whose_master_is_down_fails_fast_and_no_key_moves(
         broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any]) -> None:
     from trimq.client.config import ProducerConfig

@@ -159,6 +159,44 @@ async def test_get_message_statuses_filters_and_caps(tmp_path: Path) -> None:
         assert st.get_message("G", 2, 0, 32).status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
 
 
+async def test_a_read_gate_hides_records_past_its_limit_and_passes_arrivals_on_once_readable(tmp_path: Path) -> None:
+    # SYNC_MASTER's high watermark (ReadGate): pulls stop at the first record past the limit, long polling hears of
+    # an arrival once the limit covers it; no limit (None) is no gate.
+    arrivals: list[tuple[str, int, int]] = []
+    limit: list[int | None] = [None]
+    async with running(tmp_path) as st:
+        st.read_gate.listeners.append(lambda topic, qid, new_max: arrivals.append((topic, qid, new_max)))
+        st.read_gate.limit_fn = lambda: limit[0]
+        for i in range(2):
+            await put(st, "G", 0, b"open%d" % i)
+        assert arrivals == [("G", 0, 1), ("G", 0, 2)]
+        limit[0] = st.commitlog.max_offset  # what a slave acknowledged so far
+        for i in range(3):
+            await put(st, "G", 0, b"hidden%d" % i)
+        await put(st, "H", 1, b"other")
+        assert arrivals == [("G", 0, 1), ("G", 0, 2)]  # held
+        r = st.get_message("G", 0, 0, 32)
+        assert (r.status, r.next_begin_offset, r.max_offset) == (GetMessageStatus.FOUND, 2, 5)
+        assert [m.body for m in iter_records(r.body)] == [b"open0", b"open1"]
+        r = st.get_message("G", 0, 2, 32)
+        assert (r.status, r.next_begin_offset, r.body) == (GetMessageStatus.OFFSET_OVERFLOW_ONE, 2, b"")
+        assert not st.has_readable("G", 0, 2) and st.has_readable("G", 0, 1)
+        # the slave acknowledges the first two hidden records: they are readable and long polling hears of it
+        third = st.find_consume_queue("G", 0).get_unit(4)
+        limit[0] = third[0]
+        st.read_gate.release()
+        assert arrivals[2:] == [("G", 0, 4)]
+        r = st.get_message("G", 0, 2, 32)
+        assert [m.body for m in iter_records(r.body)] == [b"hidden0", b"hidden1"] and r.next_begin_offset == 4
+        assert not st.has_readable("G", 0, 4)
+        # the gate opens (no slave left): everything, and every held arrival once, with its queue's newest max
+        limit[0] = None
+        st.read_gate.release()
+        assert sorted(arrivals[3:]) == [("G", 0, 5), ("H", 1, 1)]
+        assert [m.body for m in iter_records(st.get_message("G", 0, 4, 32).body)] == [b"hidden2"]
+        assert st.has_readable("G", 0, 4)
+
+
 async def test_offset_by_time_and_store_timestamps(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     async with running(tmp_path) as st:
         stamps = []

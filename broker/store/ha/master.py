@@ -280,8 +280,19 @@ class HAService:
         self.sync_timeouts += 1
         return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
 
+    def read_limit(self) -> int | None:
+        """SYNC_MASTER's high watermark for readers (broker/store/read.py ReadGate): what a slave acknowledged,
+        while one is available for sends to wait for; None otherwise (everything readable)."""
+        if not self.is_master() or not self.is_slave_ok(self.store.commitlog.max_offset):
+            return None
+        return self.push_slave_max_offset
+
     def _release_waiters(self) -> None:
-        """Wake the waits a report covers (and all of them when no slave is left or this is no master)."""
+        """Wake the waits a report covers (and all of them when no slave is left or this is no master), and let
+        readers see what is acknowledged now."""
+        gate = getattr(self.store, "read_gate", None)
+        if gate is not None:
+            gate.release()
         waiters = self._waiters
         if not waiters:
             return

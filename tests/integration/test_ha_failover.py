@@ -10,6 +10,7 @@ from typing import Any
 
 import trio
 
+from tests.integration.relay import Relay
 from trimq.broker.broker import Broker
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
@@ -126,48 +127,6 @@ async def test_only_a_master_delivers_delayed_messages(broker_factory: Callable[
         await until(lambda: slave.schedule_message_service.delivered == 1, "the promoted slave's delivery")
 
 
-class HALink:
-    """A TCP relay between a slave and its master's HA port that can hold back what the master sends (a stalled
-    replication link while the brokers' remoting ports still answer)."""
-
-    def __init__(self, master_ha_addr: str) -> None:
-        self.master_ha_addr = master_ha_addr
-        self.address = ""
-        self.flowing = True
-
-    def pause(self) -> None:
-        """From now on nothing the master sends reaches the slave (the connections stay open)."""
-        self.flowing = False
-
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        host, port = self.master_ha_addr.rsplit(":", 1)
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
-
-        async def relay(slave_side: trio.SocketStream) -> None:
-            master_side = await trio.open_tcp_stream(host, int(port))
-
-            async def pump(src: trio.SocketStream, dst: trio.SocketStream, gated: bool) -> None:
-                while True:
-                    data = await src.receive_some(65536)
-                    if not data:
-                        break
-                    if gated and not self.flowing:
-                        await trio.sleep_forever()
-                    await dst.send_all(data)
-
-            async with slave_side, master_side:
-                try:
-                    async with trio.open_nursery() as pumps:
-                        pumps.start_soon(pump, slave_side, master_side, False)
-                        pumps.start_soon(pump, master_side, slave_side, True)
-                except* (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-
-        task_status.started()
-        await trio.serve_listeners(relay, listeners)
-
-
 async def test_a_promoted_slave_delivers_a_delayed_message_its_synced_progress_had_passed(
         broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
     """The master delivers a delayed message while the copy has not reached the slave, and the slave's metadata sync
@@ -175,7 +134,7 @@ async def test_a_promoted_slave_delivers_a_delayed_message_its_synced_progress_h
     schedule entry was replicated long before; a send-back on a SYNC_MASTER is answered only after that)."""
     levels = {"message_delay_level": "100ms 200ms"}
     async with broker_factory(**levels) as master, trio.open_nursery() as nursery:
-        link = HALink(master.ha_controller.ha_server_addr)
+        link = Relay(master.ha_controller.ha_server_addr)
         await nursery.start(link.serve)
         async with broker_factory(broker_role="SLAVE", broker_id=1, ha_master_address=link.address,
                                   **levels) as slave:
@@ -183,7 +142,7 @@ async def test_a_promoted_slave_delivers_a_delayed_message_its_synced_progress_h
             assert r.code == ResponseCode.SUCCESS, r.remark
             await until(lambda: slave.store.commitlog.max_offset == master.store.commitlog.max_offset,
                         "the schedule entry replicated")
-            link.pause()
+            link.blackhole()
             await until(lambda: master.schedule_message_service.delivered == 1, "the master's delivery")
             assert await slave.ha_controller.sync.sync_all(rclient)
             assert slave.schedule_message_service.offsets[1] == 1  # the master's progress, past the entry
@@ -210,7 +169,7 @@ async def test_a_sync_master_serves_readers_only_what_a_slave_holds_so_a_promoti
     no slave is connected."""
     async with broker_factory(broker_role="SYNC_MASTER", slave_timeout=200) as master, \
             trio.open_nursery() as nursery:
-        link = HALink(master.ha_controller.ha_server_addr)
+        link = Relay(master.ha_controller.ha_server_addr)
         link_scope = trio.CancelScope()
 
         async def run_link(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -234,7 +193,7 @@ async def test_a_sync_master_serves_readers_only_what_a_slave_holds_so_a_promoti
             await until(lambda: bool(held), "the held pull answered once the slave acknowledged m1", timeout=3)
             assert held[0].code == ResponseCode.SUCCESS and held[0].ext["nextBeginOffset"] == 2
             # the link stalls: the master stores m2, no slave confirms it, and no reader sees it
-            link.pause()
+            link.blackhole()
             r = await send(rclient, master.address, "T", 0, b"m2")
             assert r.code == ResponseCode.FLUSH_SLAVE_TIMEOUT, r.remark
             p = await call(rclient, master.address, RC.PULL_MESSAGE, pull_request(2))

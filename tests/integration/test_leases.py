@@ -22,6 +22,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.integration.relay import Relay
 from trimq.broker.broker import Broker
 from trimq.client import ConsumeOrderlyStatus, Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
 from trimq.client.api import ConsumerData, HeartbeatData, MQClientAPI
@@ -165,46 +166,6 @@ async def test_a_restarted_broker_keeps_free_queues_for_their_claimant_during_th
 # ---------------------------------------------------------------------------------------------- real consumers
 
 
-class Relay:
-    """A loopback TCP relay on trio that can stop forwarding (both ways) without closing anything."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-        self.open = trio.Event()
-        self.open.set()
-        self.address = ""
-
-    def blackhole(self) -> None:
-        self.open = trio.Event()
-
-    def heal(self) -> None:
-        self.open.set()
-
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
-        task_status.started()
-        await trio.serve_listeners(self._handle, listeners)
-
-    async def _handle(self, client: trio.SocketStream) -> None:
-        host, port = self.target.rsplit(":", 1)
-        async with client, await trio.open_tcp_stream(host, int(port)) as server, trio.open_nursery() as n:
-            n.start_soon(self._pump, client, server)
-            n.start_soon(self._pump, server, client)
-
-    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream) -> None:
-        try:
-            while True:
-                await self.open.wait()
-                data = await src.receive_some(65536)
-                if not data:
-                    break
-                await self.open.wait()
-                await dst.send_all(data)
-        except trio.BrokenResourceError:
-            pass
-
-
 def relay_instance(cfg: PushConsumerConfig, broker: str, relay: str) -> ClientInstance:
     class RelayInstance(ClientInstance):
         def _apply_route(self, topic: str, route: Any, *, from_default: bool = False) -> None:
@@ -290,3 +251,4 @@ async def test_a_cut_off_consumer_starts_nothing_after_its_lease_and_its_late_co
                 table = await MQClientAPI(cut_instance.remoting).get_lock_table(addr, G)
                 assert table["fencedUpdates"].get(G, 0) >= 1
         nursery.cancel_scope.cancel()  # the relay
+

@@ -29,8 +29,9 @@ re-lock claims the queues whose lease the client's own clock says is unexpired, 
 honours during its restart grace.
 
 Differences from 4.9.3, each deliberate: new queues of an orderly consumer are locked with one
-LOCK_BATCH_MQ per broker instead of one per queue, and a failed lock is reported (``lock_failed``) so
-the consumer can retry within a second instead of at the next periodic rebalance; a queue whose start
+LOCK_BATCH_MQ per broker instead of one per queue, and a failed lock is reported (``lock_failed``, with a
+restarted broker's remaining grace in ``lock_grace_ms``) so the consumer can retry within a second, or as the
+grace ends, instead of at the next periodic rebalance; a queue whose start
 offset cannot be computed is unlocked at once instead of staying locked until expiry; a delayed unlock
 is skipped when the queue has meanwhile been assigned to this client again (4.9.3 would release the
 client's own new lock).
@@ -161,6 +162,9 @@ class RebalanceImpl:
         self.heartbeat_needed = False
         self.lock_failed = False
         """Orderly: the last do_rebalance could not lock some assigned queue (another member still holds it)."""
+        self.lock_grace_ms: int | None = None
+        """Orderly: a broker asked in the last do_rebalance was in its restart grace for this long more (its answer's
+        ``graceMs``): it grants the queues it keeps for their claimants to nobody else before then."""
         self.stale_queues_dropped = 0
         """Orderly: process queues dropped because their lock had lapsed before it was renewed."""
         self.on_stale_queue: Callable[[], None] | None = None
@@ -240,6 +244,7 @@ class RebalanceImpl:
         """Rebalance every subscribed topic, drop queues of unsubscribed topics, heartbeat if changed."""
         order = self.consume_orderly if is_order is None else is_order
         self.lock_failed = False
+        self.lock_grace_ms = None
         for topic in list(self.subscription_inner):
             try:
                 await self.rebalance_by_topic(topic, order)
@@ -555,6 +560,8 @@ class RebalanceImpl:
     def _note_answer(self, broker_name: str, answer: LockBatchAnswer) -> None:
         if answer.lease_ms is not None:
             self.lease_ms_by_broker[broker_name] = answer.lease_ms
+        if answer.grace_ms:
+            self.lock_grace_ms = max(self.lock_grace_ms or 0, answer.grace_ms)
 
     async def _lock_batch(self, mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
         """Lock ``mqs`` (one request per broker); returns those now held. Marks held ones' process queues;

@@ -252,3 +252,29 @@ async def test_a_cut_off_consumer_starts_nothing_after_its_lease_and_its_late_co
                 assert table["fencedUpdates"].get(G, 0) >= 1
         nursery.cancel_scope.cancel()  # the relay
 
+
+async def test_an_orderly_consumer_locks_its_queues_as_a_restarted_brokers_grace_ends(
+        broker_factory: Callable[..., Any], tmp_path: Path) -> None:
+    # Chaos seed 56: a consumer refused by a broker's restart grace retried on its backoff (0.1 s doubling), 2.4 s
+    # after the grace had ended, so the paused owner of those queues resumed first and took them back. The broker
+    # says when its grace ends (graceMs); the consumer asks again right then. Real time (the store's threads).
+    store = str(tmp_path / "restarted")
+    async with members("holder") as (holder,):
+        async with broker_factory(store_dir=store, embedded_namesrv=True) as broker:
+            async with Producer(ProducerConfig(namesrv_addr=broker.address)) as producer:
+                assert producer.instance is not None
+                await producer.instance.api.create_topic(broker.address, T, read_queue_nums=4, write_queue_nums=4)
+            await holder.heartbeat(broker.address)
+            assert (await holder.lock(broker.address, [0, 1, 2, 3])).held == {mq(q) for q in range(4)}
+        async with broker_factory(store_dir=store, embedded_namesrv=True) as broker:
+            grace_end = trio.current_time() + broker.lock_manager.restart_grace_remaining_ms() / 1000
+            assert grace_end - trio.current_time() > 2.0  # the holder's lease may still run: nobody else gets them
+            consumer = PushConsumer(PushConsumerConfig(namesrv_addr=broker.address, consumer_group=G))
+            consumer.subscribe(T, "*")
+            consumer.register_message_listener_orderly(lambda msgs, ctx: ConsumeOrderlyStatus.SUCCESS)
+            async with consumer:
+                with trio.fail_after(10):
+                    while len([pq for pq in consumer.process_queue_table().values() if pq.locked]) < 4:
+                        await trio.sleep(0.01)
+                locked_at = trio.current_time()
+            assert grace_end - 0.05 <= locked_at <= grace_end + 0.4, locked_at - grace_end

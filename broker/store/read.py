@@ -37,8 +37,9 @@ class ReadGate:
     serves committed entries only, as here.
     """
 
-    def __init__(self, commitlog_end: Callable[[], int]) -> None:
+    def __init__(self, commitlog_end: Callable[[], int], held_max: int = 100_000) -> None:
         self._commitlog_end = commitlog_end
+        self._held_max = held_max
         #: The readable commit-log end (None: everything), set by the HA controller for a SYNC_MASTER.
         self.limit_fn: Callable[[], int | None] = lambda: None
         #: Told of an arrival once it is readable: (topic, queue id, the queue's max offset).
@@ -48,11 +49,18 @@ class ReadGate:
     def limit(self) -> int | None:
         return self.limit_fn()
 
+    @property
+    def held(self) -> int:
+        """Arrivals waiting for a slave's acknowledgement."""
+        return len(self._held)
+
     def on_arrival(self, topic: str, queue_id: int, new_max: int) -> None:
         """The store's arrival listener: pass the arrival on, or hold it until a slave acknowledges it."""
         limit = self.limit_fn()
         end = self._commitlog_end()
         if limit is not None and end > limit:
+            if len(self._held) >= self._held_max:
+                self._compact()
             self._held.append((end, topic, queue_id, new_max))
             return
         if self._held:
@@ -71,6 +79,13 @@ class ReadGate:
             ready[(topic, queue_id)] = new_max
         for (topic, queue_id), new_max in ready.items():
             self._tell(topic, queue_id, new_max)
+
+    def _compact(self) -> None:
+        """Keep one held arrival per queue, its latest: a slave connected but silent (until it falls too far behind
+        or its connection is closed) must not grow this without bound. Such a queue's readers then hear of it at
+        its latest arrival's acknowledgement."""
+        latest = {(topic, queue_id): (end, topic, queue_id, new_max) for end, topic, queue_id, new_max in self._held}
+        self._held = deque(sorted(latest.values()))
 
     def _tell(self, topic: str, queue_id: int, new_max: int) -> None:
         for listener in self.listeners:

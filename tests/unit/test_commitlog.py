@@ -197,6 +197,23 @@ async def test_a_read_gate_hides_records_past_its_limit_and_passes_arrivals_on_o
         assert st.has_readable("G", 0, 4)
 
 
+def test_a_read_gates_held_arrivals_are_bounded_one_per_queue() -> None:
+    from trimq.broker.store.read import ReadGate
+
+    end = [0]
+    told: list[tuple[str, int, int]] = []
+    gate = ReadGate(lambda: end[0], held_max=4)
+    gate.limit_fn = lambda: 0
+    gate.listeners.append(lambda topic, qid, new_max: told.append((topic, qid, new_max)))
+    for i in range(1, 10):  # a slave that never acknowledges: arrivals to two queues pile up
+        end[0] = 100 * i
+        gate.on_arrival("T", i % 2, i)
+    assert told == [] and gate.held <= 4
+    gate.limit_fn = lambda: 1000
+    gate.release()
+    assert sorted(told) == [("T", 0, 8), ("T", 1, 9)]  # each queue's latest arrival, once
+
+
 async def test_offset_by_time_and_store_timestamps(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     async with running(tmp_path) as st:
         stamps = []

@@ -165,6 +165,8 @@ class Broker:
         # Only a master delivers delayed messages (RocketMQ's handleScheduleMessageService).
         self.schedule_message_service.is_master = lambda: self.ha_controller.is_master
         self.ha_controller.listeners.append(self.schedule_message_service.role_changed)
+        # Pull answers carry the master epoch; positions reached under an older one are checked (a lost tail).
+        self.pull_service.epochs = self.ha_controller.state
         self.services.append(self.ha_controller)
         self.metrics: BrokerMetrics | None = None
         if config.metrics_port >= 0:  # installs its hooks before anything is served (0: any free port)

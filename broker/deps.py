@@ -104,6 +104,16 @@ class QueueOffsets(Protocol):
     def get_earliest_msg_store_time(self, topic: str, queue_id: int) -> int | None: ...
 
 
+class MasterEpochs(Protocol):
+    """The master epochs of a broker's log (broker/store/ha/history.py HAState): the newest, and from which
+    commit-log offset each one wrote."""
+
+    history: list[tuple[int, int]]
+
+    @property
+    def master_epoch(self) -> int: ...
+
+
 class ReadableArrivals(Protocol):
     """Arrivals once readers may see them (broker/store/read.py ReadGate)."""
 
@@ -120,11 +130,15 @@ class QueueReader(Protocol):
 
     def has_readable(self, topic: str, queue_id: int, offset: int) -> bool: ...
 
+    def queue_offset_at(self, topic: str, queue_id: int, commit_log_offset: int) -> int: ...
+
     def get_message(self, topic: str, queue_id: int, offset: int, max_msg_nums: int,
                     tag_codes: frozenset[int] | set[int] | None = None, *,
                     max_bytes: int | None = None) -> GetMessageResult: ...
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
 
 
 class MessageLookup(Protocol):

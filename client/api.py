@@ -126,6 +126,8 @@ class PullResult:
     suggest_which_broker_id: int = MASTER_ID
     filtered_out: int = 0
     """Messages the broker returned that the exact client-side tag filter dropped."""
+    master_epoch: int | None = None
+    """The master epoch of the answering broker's log (trimq; None from brokers that do not say)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,10 +461,13 @@ class MQClientAPI:
         tags: Iterable[str] | None = None,
         timeout_ms: int | None = None,
         reset_generation: int | None = None,
+        master_epoch: int | None = None,
     ) -> PullResult:
         """PULL_MESSAGE, decoded and tag-filtered. Other response codes raise MQBrokerError. ``reset_generation``
         (trimq): the reset generation ``commit_offset`` was read under (a pull made before a reset of the
-        group's offsets does not write its commit offset over it)."""
+        group's offsets does not write its commit offset over it). ``master_epoch`` (trimq): the master epoch
+        under which ``queue_offset`` was reached (a broker whose log moved to a newer epoch moves a position past
+        where that one began back there: PULL_OFFSET_MOVED)."""
         ext = {
             "consumerGroup": consumer_group,
             "topic": mq.topic,
@@ -477,6 +482,8 @@ class MQClientAPI:
         }
         if reset_generation is not None:
             ext["resetGeneration"] = reset_generation
+        if master_epoch is not None:
+            ext["masterEpoch"] = master_epoch
         # built directly (every field is set): this is the consumer's hottest request
         cmd = RemotingCommand(RequestCode.PULL_MESSAGE, 0, 0, 0, None, ext, None)
         timeout = (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
@@ -496,6 +503,8 @@ class MQClientAPI:
             [],
             _int(rext, "suggestWhichBrokerId", what, addr, MASTER_ID),
         )
+        if "masterEpoch" in rext:
+            result.master_epoch = _int(rext, "masterEpoch", what, addr, 0)
         if status is PullStatus.FOUND:
             result.msg_found_list, result.filtered_out = process_pull_messages(
                 resp.body, tags, min_offset, max_offset, addr

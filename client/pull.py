@@ -278,6 +278,7 @@ class PullService:
                 tags=sub.tags_set,
                 timeout_ms=cfg.consumer_timeout_millis_when_suspend,
                 reset_generation=generation,
+                master_epoch=request.master_epoch,
             )
         except (RemotingError, MQBrokerError, MQClientError) as exc:
             self.stats["errors"] += 1
@@ -306,6 +307,8 @@ class PullService:
             return None
         self.stats["filtered_out"] += result.filtered_out
         status = result.status
+        if result.master_epoch is not None and status is not PullStatus.OFFSET_ILLEGAL:
+            request.master_epoch = result.master_epoch  # the log the next offset belongs to
         if status is PullStatus.FOUND:
             prev = request.next_offset
             request.next_offset = result.next_begin_offset

@@ -44,6 +44,7 @@ from trimq.broker.store.ha.history import HAState, ha_state_path
 from trimq.broker.store.ha.master import HAService
 from trimq.broker.store.ha.slave import HAClient
 from trimq.broker.store.message_store import MessageStore
+from trimq.broker.store.offsets import TOPIC_GROUP_SEPARATOR
 from trimq.broker.store.schedule import encode_offset_table
 from trimq.broker.store.topics import TopicConfig
 from trimq.protocol.address import format_address, parse_address
@@ -80,6 +81,10 @@ class OffsetTable(SyncedOffsets, Protocol):
     """Consumer offsets the master serves and the slave syncs (ConsumerOffsetManager)."""
 
     def encode(self) -> dict[str, Any]: ...
+
+    def entries(self) -> dict[tuple[str, int], tuple[int, tuple[int, int]]]: ...
+
+    def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
 
 
 class HAController:
@@ -274,6 +279,7 @@ class HAController:
         self.role, self.broker_id = role, MASTER_ID
         self.learned_master_addr = self.learned_master_ha_addr = ""
         self._recreate_topics()
+        self._clamp_offsets()
         self._apply_role()
         self.promotions += 1
         log.warning("ha.promoted", role=role, master_epoch=epoch, start_offset=cl.max_offset,
@@ -291,6 +297,19 @@ class HAController:
                 queues = max(self.config.default_topic_queue_nums, max(ids) + 1)
                 topics.create_or_update(TopicConfig(topic, queues, queues))
                 log.warning("ha.topic_recreated", topic=topic, queues=queues, why="created after the last sync")
+
+    def _clamp_offsets(self) -> None:
+        """Committed offsets past the end of a queue here (synced from the old master, covering records that never
+        reached this log) go back to that end: the queue's next messages take those offsets, and a consumer
+        starting from the stored offset would skip them."""
+        store, offsets = self.store, self.offsets
+        for (key, queue_id), (offset, _version) in offsets.entries().items():
+            topic, _, group = key.partition(TOPIC_GROUP_SEPARATOR)
+            end = store.get_max_offset_in_queue(topic, queue_id)
+            if offset > end:
+                offsets.reset_offset(group, topic, queue_id, end)
+                log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
+                            why="past the queue's end in the promoted log")
 
     async def _become_slave(self, master_addr: str, master_ha_addr: str) -> None:
         old_role = self.role

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trimq.broker.config import BrokerConfig
-from trimq.broker.deps import ConsumerOffsets, QueueReader, RequestServer, Topics
+from trimq.broker.deps import ConsumerOffsets, MasterEpochs, QueueReader, RequestServer, Topics
 from trimq.broker.long_polling import LongPolling
 from trimq.broker.store.consume_queue import tags_string_to_tags_code
 from trimq.broker.store.store_base import GetMessageResult, GetMessageStatus
@@ -43,7 +43,7 @@ from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.errors import RequestError
 from trimq.protocol.fields import int_field, str_field
-from trimq.runtime.logs import get_logger
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.runtime.server import DEFERRED, Deferred
 
 if TYPE_CHECKING:
@@ -107,6 +107,10 @@ class PullService:
         self.offsets = offsets
         self.long_polling = long_polling
         self.store.read_gate.listeners.append(self.long_polling.notify)  # arrivals once readable (ReadGate)
+        #: The master epochs of this broker's log (broker.py wires the HA state): answers say the newest, and a pull
+        #: whose position was reached under an older one is checked against where the next one began (_truncated).
+        self.epochs: MasterEpochs | None = None
+        self._truncated_log = RateLimiter(10_000)
         #: (topic, group) -> [messages, record bytes] returned by pulls, read by broker/metrics.py at scrape time.
         self.get_stats: dict[tuple[str, str], list[int]] = {}
         # A pull is answered in the connection's reading task when it finds messages (or must not wait), and held
@@ -205,10 +209,39 @@ class PullService:
             )
         return group, topic, queue_id, offset, max_nums, sys_flag, parse_subscription(subscription)
 
+    def _truncated(self, cmd: RemotingCommand, group: str, topic: str, queue_id: int,
+                   offset: int) -> GetMessageResult | None:
+        """A position reached under an older master epoch (the pull's ``masterEpoch``) and past the queue offset
+        where this log's next epoch began: the records the consumer read up there never reached this log (an
+        ASYNC master lost before its slave had them), and this log gives those queue offsets to other messages,
+        which the consumer would skip. Answered PULL_OFFSET_MOVED to that queue offset; None: the position stands."""
+        epochs = self.epochs
+        if epochs is None:
+            return None
+        client_epoch = int_field(cmd.ext, "masterEpoch", -1)
+        if client_epoch < 0 or client_epoch >= epochs.master_epoch:
+            return None
+        start = next((s for e, s in epochs.history if e > client_epoch), None)
+        if start is None:
+            return None
+        store = self.store
+        boundary = store.queue_offset_at(topic, queue_id, start)
+        if offset <= boundary:
+            return None
+        log_rate_limited(self._truncated_log, (group, topic, queue_id), int(time.time() * 1000), log.warning,
+                         "pull.position_truncated", group=group, topic=topic, queue_id=queue_id, offset=offset,
+                         moved_to=boundary, client_epoch=client_epoch, master_epoch=epochs.master_epoch)
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, boundary,
+                                store.get_min_offset_in_queue(topic, queue_id),
+                                store.get_max_offset_in_queue(topic, queue_id))
+
     def pull_message_fast(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | Deferred | None:
         """The pull answered at once (messages found, or no suspend asked), or held without a task (DEFERRED);
         None when it must take the task path (the full handler then does everything again, commit included)."""
         group, topic, queue_id, offset, max_nums, sys_flag, tag_codes = self._parse(cmd, conn)
+        moved = self._truncated(cmd, group, topic, queue_id, offset)
+        if moved is not None:  # its commit offset is of the lost records too: not applied
+            return self._response(cmd, ResponseCode.PULL_OFFSET_MOVED, moved)
         result = self.store.get_message(topic, queue_id, offset, max_nums, tag_codes)
         code = self._code(result, offset)
         if code == ResponseCode.PULL_NOT_FOUND and sys_flag & SYSFLAG_SUSPEND:
@@ -224,6 +257,9 @@ class PullService:
 
     async def pull_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         group, topic, queue_id, offset, max_nums, sys_flag, tag_codes = self._parse(cmd, conn)
+        moved = self._truncated(cmd, group, topic, queue_id, offset)
+        if moved is not None:
+            return self._response(cmd, ResponseCode.PULL_OFFSET_MOVED, moved)
         ext = cmd.ext
         result = self.store.get_message(topic, queue_id, offset, max_nums, tag_codes)
         code = self._code(result, offset)
@@ -288,14 +324,15 @@ class PullService:
         except Exception:
             log.exception("pull.commit_offset_failed", group=group, topic=topic, queue_id=queue_id)
 
-    @staticmethod
-    def _response(cmd: RemotingCommand, code: int, result: GetMessageResult) -> RemotingCommand:
+    def _response(self, cmd: RemotingCommand, code: int, result: GetMessageResult) -> RemotingCommand:
         ext = {
             "nextBeginOffset": result.next_begin_offset,
             "minOffset": result.min_offset,
             "maxOffset": result.max_offset,
             "suggestWhichBrokerId": 0,
         }
+        if self.epochs is not None:
+            ext["masterEpoch"] = self.epochs.master_epoch
         body = result.body if code == ResponseCode.SUCCESS else None
         return RemotingCommand(code=int(code), opaque=cmd.opaque, flag=1, ext=ext, body=body)
 

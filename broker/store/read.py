@@ -182,6 +182,22 @@ class StoreRead(StoreBase):
             body = b""
         return GetMessageResult(status, offset + scanned, lo, hi, body, n)
 
+    def queue_offset_at(self, topic: str, queue_id: int, commit_log_offset: int) -> int:
+        """The first queue offset whose record starts at or after ``commit_log_offset`` (the queue's max offset when
+        none does): where the queue stood when the log reached that offset. A binary search over the units."""
+        cq = self.find_consume_queue(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = cq.get_unit(mid)
+            if unit is None or unit[0] >= commit_log_offset:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
     def has_readable(self, topic: str, queue_id: int, offset: int) -> bool:
         """Whether a pull from ``offset`` can find something: the queue goes past it and, behind a
         :class:`ReadGate`, a slave holds the record there."""

@@ -78,6 +78,9 @@ class PullRequest:
     next_offset: int
     locked_first: bool = False
     """Orderly: whether the first pull after the lock re-read the stored offset."""
+    master_epoch: int | None = None
+    """The master epoch of the log ``next_offset`` was reached in (the last answer's; None: from the offset store).
+    Sent with each pull: after a failover that lost records the consumer had read, the broker moves it back."""
 
 
 class RebalanceSettings(Protocol):

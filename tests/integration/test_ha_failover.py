@@ -214,6 +214,50 @@ async def test_a_sync_master_serves_readers_only_what_a_slave_holds_so_a_promoti
         nursery.cancel_scope.cancel()
 
 
+async def test_after_an_async_master_failover_positions_and_offsets_past_the_new_log_move_back(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    """An ASYNC_MASTER serves records before its slave has them. Lost with the master, they leave consumers
+    positioned (and committed offsets synced) past the promoted slave's end, where its next messages take the same
+    queue offsets. A pull says the master epoch of its position: the promoted broker moves one past where its own
+    epoch began back there (PULL_OFFSET_MOVED); promotion clamps stored offsets to the queues' ends."""
+    async with broker_factory() as master, trio.open_nursery() as nursery:
+        link = Relay(master.ha_controller.ha_server_addr)
+        await nursery.start(link.serve)
+        async with broker_factory(broker_role="SLAVE", broker_id=1, ha_master_address=link.address) as slave:
+            r = await send(rclient, master.address, "T", 0, b"m0")
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            await until(lambda: slave.store.commitlog.max_offset == master.store.commitlog.max_offset, "m0 replicated")
+            link.blackhole()
+            r = await send(rclient, master.address, "T", 0, b"m1")
+            assert r.code == ResponseCode.SUCCESS, r.remark  # ASYNC: acknowledged, the slave never gets it
+            p = await call(rclient, master.address, RC.PULL_MESSAGE, pull_request(1))
+            assert p.code == ResponseCode.SUCCESS and b"m1" in p.body and p.ext["nextBeginOffset"] == 2
+            assert p.ext["masterEpoch"] == 1
+            r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
+                           {"consumerGroup": "cg", "topic": "T", "queueId": 0, "commitOffset": 2})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            assert await slave.ha_controller.sync.sync_all(rclient)
+            assert slave.offset_manager.query_offset("cg", "T", 0) == 2  # past the slave's end (1)
+            # the master is lost; the slave is promoted (master epoch 2) and stores m2 at queue offset 1
+            r = await call(rclient, slave.address, RC.PROMOTE_BROKER, {"brokerName": "broker-a", "brokerId": 1})
+            assert r.code == ResponseCode.SUCCESS and r.ext["masterEpoch"] == 2, r.remark
+            assert slave.offset_manager.query_offset("cg", "T", 0) == 1  # clamped to the queue's end
+            r = await send(rclient, slave.address, "T", 0, b"m2")
+            assert r.code == ResponseCode.SUCCESS and r.ext["queueOffset"] == 1, r.remark
+            # the consumer's position 2 was reached under epoch 1: moved back to where epoch 2 began
+            p = await call(rclient, slave.address, RC.PULL_MESSAGE, {**pull_request(2), "masterEpoch": 1})
+            assert p.code == ResponseCode.PULL_OFFSET_MOVED and p.ext["nextBeginOffset"] == 1
+            assert p.ext["masterEpoch"] == 2
+            p = await call(rclient, slave.address, RC.PULL_MESSAGE, {**pull_request(1), "masterEpoch": 1})
+            assert p.code == ResponseCode.SUCCESS and b"m2" in p.body and p.ext["nextBeginOffset"] == 2
+            # a position of this epoch (or of none said) stands
+            p = await call(rclient, slave.address, RC.PULL_MESSAGE, {**pull_request(2), "masterEpoch": 2})
+            assert p.code == ResponseCode.PULL_NOT_FOUND and p.ext["nextBeginOffset"] == 2
+            p = await call(rclient, slave.address, RC.PULL_MESSAGE, pull_request(2))
+            assert p.code == ResponseCode.PULL_NOT_FOUND
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_ordered_send_to_a_broker_whose_master_is_down_fails_fast_and_no_key_moves(
         broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any]) -> None:
     from trimq.client.config import ProducerConfig

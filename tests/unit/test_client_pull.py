@@ -187,6 +187,21 @@ async def test_no_new_msg_moves_offset_only_when_nothing_cached(autojump_clock: 
     assert pr.next_offset == 12 and store.table.get(MQ) == 9  # cached messages: keep the stored offset
 
 
+async def test_a_pull_carries_the_master_epoch_its_position_was_reached_in(autojump_clock: Any) -> None:
+    # The broker moves a position reached under an older master epoch back when that epoch's tail was lost (an
+    # ASYNC_MASTER failover): every pull says which epoch its offset belongs to, the last answer's.
+    ps, _rb, client, _store, _rec, pr = setup()
+    first, second = found(7, 5, 6), PullResult(PullStatus.NO_NEW_MSG, 7, 0, 7)
+    first.master_epoch = second.master_epoch = 3
+    client.api.results = [first, second, PullResult(PullStatus.NO_NEW_MSG, 7, 0, 7)]
+    await ps.pull_once(pr)
+    assert client.api.calls[0]["master_epoch"] is None  # from the offset store: no epoch known
+    await ps.pull_once(pr)
+    assert client.api.calls[1]["master_epoch"] == 3 and pr.master_epoch == 3
+    await ps.pull_once(pr)  # a broker that does not say keeps the last epoch known
+    assert client.api.calls[2]["master_epoch"] == 3
+
+
 async def test_flow_control_and_pause_and_errors(autojump_clock: Any) -> None:
     ps, rb, client, _store, _rec, pr = setup(pull_threshold_for_queue=1)
     pr.process_queue.put_message(msgs(1, 2))

@@ -188,15 +188,12 @@ class StoreRead(StoreBase):
         cq = self.find_consume_queue(topic, queue_id)
         if cq is None:
             return 0
-        lo, hi = cq.min_offset, cq.max_offset
-        while lo < hi:
-            mid = (lo + hi) // 2
-            unit = cq.get_unit(mid)
-            if unit is None or unit[0] >= commit_log_offset:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+
+        def reached(offset: int) -> bool:
+            unit = cq.get_unit(offset)
+            return unit is None or unit[0] >= commit_log_offset
+
+        return _first_offset(cq, reached)
 
     def has_readable(self, topic: str, queue_id: int, offset: int) -> bool:
         """Whether a pull from ``offset`` can find something: the queue goes past it and, behind a
@@ -250,15 +247,12 @@ class StoreRead(StoreBase):
         cq = self.find_consume_queue(topic, queue_id)
         if cq is None:
             return 0
-        lo, hi = cq.min_offset, cq.max_offset
-        while lo < hi:
-            mid = (lo + hi) // 2
-            ts = self.get_store_timestamp(topic, queue_id, mid)
-            if ts is None or ts < timestamp_ms:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+
+        def reached(offset: int) -> bool:
+            ts = self.get_store_timestamp(topic, queue_id, offset)
+            return ts is not None and ts >= timestamp_ms
+
+        return _first_offset(cq, reached)
 
     def runtime_info(self) -> dict[str, Any]:
         """Numbers for GET_BROKER_RUNTIME_INFO and logs."""
@@ -270,3 +264,16 @@ class StoreRead(StoreBase):
             "queues": sum(len(qs) for qs in self.queues.values()),
             "writable": self.writable,
         }
+
+
+def _first_offset(cq: Any, reached: Callable[[int], bool]) -> int:
+    """The first queue offset of ``cq`` where ``reached`` holds (its max offset when none does); ``reached`` must
+    hold from some offset on. A binary search: one unit read per step."""
+    lo, hi = cq.min_offset, cq.max_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reached(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

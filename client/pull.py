@@ -16,7 +16,9 @@ PullCallback) and sleeps for the delay it returns:
   ``consume_service.submit(process_queue, msgs, dispatch_to_consume, message_queue=mq)``, next pull after
   ``pull_interval``; NO_NEW_MSG / NO_MATCHED_MSG: pull again at once, and if nothing is cached move the
   stored offset forward; OFFSET_ILLEGAL: drop the queue, store the broker's next offset after 10 s and let
-  the rebalance re-create it; any error: retry after ``pull_time_delay_mills_when_exception`` (3 s).
+  the rebalance re-create it (at once, after the batch under way, when the broker moved the position back because
+  its log began a newer master epoch: a failover lost records the consumer had read); any error: retry after
+  ``pull_time_delay_mills_when_exception`` (3 s).
 
 Reading while a master is away (issue 15): a pull goes to the broker id the last answer for the queue suggested
 (``suggestWhichBrokerId``, RocketMQ's pullFromWhichNodeTable), else the master, else a slave of the broker name
@@ -187,6 +189,17 @@ class PullService:
                 del self._scopes[id(pq)]
                 self._naps.pop(id(pq), None)
 
+    async def _after_batch_under_way(self, pq: ProcessQueue) -> None:
+        """Orderly: wait (at most ``consume_lock_wait_millis``) until the batch under way, which commits even on a
+        dropped queue, is done, so the offset stored next is not overwritten by it. A concurrent service commits
+        nothing of a dropped queue."""
+        if not self.consume_orderly:
+            return
+        lock = self.rebalance.consume_lock(pq)
+        with trio.move_on_after(self.config.consume_lock_wait_millis / 1000):
+            async with lock:
+                pass
+
     def _later(self, ms: int) -> float:
         return ms / 1000
 
@@ -330,12 +343,20 @@ class PullService:
             return 0.0
         # OFFSET_ILLEGAL
         self.stats["offset_illegal"] += 1
+        # Moved back because the broker's log began a newer master epoch than our position's (a failover lost the
+        # records past it): nothing to let settle for 10 s, only the batch under way.
+        moved_back = (request.master_epoch is not None and result.master_epoch is not None
+                      and result.master_epoch > request.master_epoch)
         log.warning("pull.offset_illegal", group=self.consumer_group, mq=str(mq), requested=request.next_offset,
-                    next_begin=result.next_begin_offset, min=result.min_offset, max=result.max_offset)
+                    next_begin=result.next_begin_offset, min=result.min_offset, max=result.max_offset,
+                    moved_back_by_master_epoch=moved_back)
         request.next_offset = result.next_begin_offset
         pq.dropped = True
         self._scopes.pop(id(pq), None)  # the removal below must not cancel this very task
-        await trio.sleep(OFFSET_ILLEGAL_DELAY_MS / 1000)
+        if moved_back:
+            await self._after_batch_under_way(pq)
+        else:
+            await trio.sleep(OFFSET_ILLEGAL_DELAY_MS / 1000)
         self.offset_store.update_offset(mq, request.next_offset, False)
         await self.offset_store.persist(mq)
         if self.rebalance.remove_process_queue(mq, pq) is not None:

@@ -73,6 +73,8 @@ class FakeApi:
         self.results: list[PullResult | Exception] = []
         self.calls: list[dict[str, Any]] = []
 
+    async def unlock_batch_mq(self, addr: str, *args: Any, **kw: Any) -> None: ...
+
     async def pull_message(self, addr: str, **kw: Any) -> PullResult:
         self.calls.append(kw)
         r = self.results.pop(0)
@@ -309,6 +311,49 @@ async def test_offset_illegal_drops_then_fixes_offset_after_10s(autojump_clock: 
     assert trio.current_time() - t0 == pytest.approx(10.0)
     assert pr.process_queue.dropped and MQ not in rb.process_queue_table
     assert MQ in store.persisted
+
+
+async def test_a_position_moved_back_by_a_newer_master_epoch_is_fixed_at_once(autojump_clock: Any) -> None:
+    # After a failover that lost records the consumer had read, the broker moves its position back (its log began a
+    # newer epoch than the pull's): nothing to let settle for 10 s.
+    ps, rb, client, store, _rec, pr = setup()
+    pr.master_epoch = 1
+    moved = PullResult(PullStatus.OFFSET_ILLEGAL, 3, 0, 4)
+    moved.master_epoch = 2
+    client.api.results = [moved]
+    t0 = trio.current_time()
+    assert await ps.pull_once(pr) is None
+    assert trio.current_time() - t0 < 0.1
+    assert pr.process_queue.dropped and MQ not in rb.process_queue_table
+    assert MQ in store.persisted and pr.next_offset == 3
+
+
+async def test_orderly_a_moved_back_position_is_stored_after_the_batch_under_way(autojump_clock: Any) -> None:
+    ps, rb, client, store, _rec, pr = setup(orderly=True)
+    pr.master_epoch = 1
+    moved = PullResult(PullStatus.OFFSET_ILLEGAL, 3, 0, 4)
+    moved.master_epoch = 2
+    client.api.results = [moved]
+    pr.process_queue.locked = True
+    pr.locked_first = True
+    lock = rb.consume_lock(pr.process_queue)
+    persisted: list[int | None] = []
+
+    async def persist(mq: MessageQueue) -> None:
+        persisted.append(store.table.get(mq))
+
+    store.persist = persist  # type: ignore[method-assign]
+
+    async def batch_under_way() -> None:
+        async with lock:
+            await trio.sleep(0.5)
+            store.update_offset(MQ, 6, False)  # an orderly batch commits even on a dropped queue
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(batch_under_way)
+        await trio.sleep(0.01)
+        nursery.start_soon(ps.pull_once, pr)
+    assert persisted and set(persisted) == {3}  # stored after the batch's commit, never overwritten by it
 
 
 async def test_loops_run_until_cancelled(autojump_clock: Any) -> None:

@@ -655,16 +655,36 @@ class ClientInstance:
     # --- queries used by consumers ------------------------------------------------------------------
 
     async def find_consumer_id_list(self, topic: str, group: str) -> list[str] | None:
-        """The group's live client ids, from a broker of ``topic``; None (logged) when unavailable."""
-        addr = await self.find_broker_addr_by_topic(topic)
-        if addr is None:
+        """The group's live client ids, from a broker of ``topic``; None (logged) when unavailable.
+
+        Every broker knows every member, so RocketMQ asks one at random. Here an address that cannot be reached
+        (a master just lost, a route not yet refreshed) is noted and the next one asked, reachable ones first:
+        a rebalance that found no member list would wait for the next periodic one (20 s)."""
+        route = self.topic_route_table.get(topic)
+        if route is None:
+            await self.update_topic_route_info_from_name_server(topic)
+            route = self.topic_route_table.get(topic)
+        if route is None or not route.broker_datas:
             return None
-        try:
-            return await self.api.get_consumer_id_list_by_group(addr, group)
-        except (RemotingError, MQBrokerError, MQClientError) as exc:
-            log_rate_limited(self._rate, ("cid", group), _now_ms(), log.warning, "rebalance.consumer_list_failed",
-                             group=group, topic=topic, addr=addr, error=str(exc))
-            return None
+        addrs: list[str] = []
+        for bd in random.sample(route.broker_datas, len(route.broker_datas)):
+            first = bd.select_broker_addr()
+            addrs += [a for a in (first, *sorted(bd.broker_addrs.values())) if a and a not in addrs]
+        addrs.sort(key=lambda a: not self.is_reachable(a))  # stable: the route's order among equals
+        error: Exception | None = None
+        for addr in addrs:
+            try:
+                return await self.api.get_consumer_id_list_by_group(addr, group)
+            except RemotingConnectError as exc:
+                self.note_failure(addr, exc)
+                error = exc
+                continue
+            except (RemotingError, MQBrokerError, MQClientError) as exc:
+                error = exc
+            break
+        log_rate_limited(self._rate, ("cid", group), _now_ms(), log.warning, "rebalance.consumer_list_failed",
+                         group=group, topic=topic, addr=addr, error=str(error))
+        return None
 
     async def _addr_or_raise(self, mq: MessageQueue) -> str:
         addr = await self.find_broker_addr(mq.broker_name, mq.topic)

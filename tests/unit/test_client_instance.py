@@ -92,3 +92,28 @@ async def test_heartbeat_data_lists_groups_and_subscriptions(autojump_clock: Any
         (c,) = wire["consumerDataSet"]
         assert (c["groupName"], c["messageModel"], c["consumeOrderly"]) == ("g1", "CLUSTERING", False)
         assert c["subscriptionDataSet"][0]["topic"] == "T" and c["subscriptionDataSet"][0]["subString"] == "*"
+
+
+async def test_the_member_list_comes_from_the_next_broker_address_when_one_cannot_be_reached(
+        autojump_clock: Any) -> None:
+    # An ASYNC failover test: the rebalance after a queue was moved back asked a master just stopped, found no member
+    # list and waited 20 s for the next one. Now the next address is asked (reachable ones first).
+    from trimq.protocol.route import BrokerData, TopicRouteData
+    from trimq.runtime.client import RemotingConnectError
+
+    async with ClientInstance(ClientConfig(client_ip="1.2.3.4")) as client:
+        asked: list[str] = []
+
+        async def members(addr: str, group: str, **kw: Any) -> list[str]:
+            asked.append(addr)
+            if addr == "old:1":
+                raise RemotingConnectError("cannot connect to old:1")
+            return ["c1", "c2"]
+
+        client.api.get_consumer_id_list_by_group = members  # type: ignore[method-assign,assignment]
+        client.topic_route_table["T"] = TopicRouteData((BrokerData("c", "broker-a", {0: "old:1", 1: "new:1"}),), ())
+        assert await client.find_consumer_id_list("T", "g1") == ["c1", "c2"]
+        assert asked == ["old:1", "new:1"] and not client.is_reachable("old:1")
+        asked.clear()
+        assert await client.find_consumer_id_list("T", "g1") == ["c1", "c2"]
+        assert asked == ["new:1"]  # the unreachable address is asked last now

@@ -209,21 +209,24 @@ class PullService:
             )
         return group, topic, queue_id, offset, max_nums, sys_flag, parse_subscription(subscription)
 
-    def _truncated(self, cmd: RemotingCommand, group: str, topic: str, queue_id: int,
-                   offset: int) -> GetMessageResult | None:
+    def _truncated(self, cmd: RemotingCommand) -> GetMessageResult | None:
         """A position reached under an older master epoch (the pull's ``masterEpoch``) and past the queue offset
         where this log's next epoch began: the records the consumer read up there never reached this log (an
         ASYNC master lost before its slave had them), and this log gives those queue offsets to other messages,
-        which the consumer would skip. Answered PULL_OFFSET_MOVED to that queue offset; None: the position stands."""
+        which the consumer would skip. Answered PULL_OFFSET_MOVED to that queue offset; None: the position stands.
+        Checked when the pull arrives and again when it is answered (held across a demotion, the epoch moved)."""
         epochs = self.epochs
         if epochs is None:
             return None
-        client_epoch = int_field(cmd.ext, "masterEpoch", -1)
+        ext = cmd.ext
+        client_epoch = int_field(ext, "masterEpoch", -1)
         if client_epoch < 0 or client_epoch >= epochs.master_epoch:
             return None
         start = next((s for e, s in epochs.history if e > client_epoch), None)
         if start is None:
             return None
+        group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")
+        queue_id, offset = int_field(ext, "queueId"), int_field(ext, "queueOffset")
         store = self.store
         boundary = store.queue_offset_at(topic, queue_id, start)
         if offset <= boundary:
@@ -239,7 +242,7 @@ class PullService:
         """The pull answered at once (messages found, or no suspend asked), or held without a task (DEFERRED);
         None when it must take the task path (the full handler then does everything again, commit included)."""
         group, topic, queue_id, offset, max_nums, sys_flag, tag_codes = self._parse(cmd, conn)
-        moved = self._truncated(cmd, group, topic, queue_id, offset)
+        moved = self._truncated(cmd)
         if moved is not None:  # its commit offset is of the lost records too: not applied
             return self._response(cmd, ResponseCode.PULL_OFFSET_MOVED, moved)
         result = self.store.get_message(topic, queue_id, offset, max_nums, tag_codes)
@@ -257,7 +260,7 @@ class PullService:
 
     async def pull_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         group, topic, queue_id, offset, max_nums, sys_flag, tag_codes = self._parse(cmd, conn)
-        moved = self._truncated(cmd, group, topic, queue_id, offset)
+        moved = self._truncated(cmd)
         if moved is not None:
             return self._response(cmd, ResponseCode.PULL_OFFSET_MOVED, moved)
         ext = cmd.ext
@@ -325,6 +328,15 @@ class PullService:
             log.exception("pull.commit_offset_failed", group=group, topic=topic, queue_id=queue_id)
 
     def _response(self, cmd: RemotingCommand, code: int, result: GetMessageResult) -> RemotingCommand:
+        if code != ResponseCode.PULL_OFFSET_MOVED:
+            # The answer's master epoch vouches for the position it gives: a pull held while this broker moved to a
+            # newer epoch (demoted, its tail cut) is checked again.
+            moved = self._truncated(cmd)
+            if moved is not None:
+                code, result = ResponseCode.PULL_OFFSET_MOVED, moved
+            elif code == ResponseCode.PULL_NOT_FOUND and result.next_begin_offset > result.max_offset:
+                code = ResponseCode.PULL_OFFSET_MOVED  # a held pull whose queue was cut meanwhile
+                result.next_begin_offset = result.max_offset
         ext = {
             "nextBeginOffset": result.next_begin_offset,
             "minOffset": result.min_offset,

@@ -309,3 +309,74 @@ async def test_an_ordered_send_to_a_broker_whose_master_is_down_fails_fast_and_n
             r = await producer.send(Message("T", b"u"))
             assert r.message_queue.broker_name == "broker-b"
         nursery.cancel_scope.cancel()
+
+
+async def test_a_consumer_that_read_an_async_masters_lost_tail_gets_the_promoted_masters_next_message(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
+        tmp_path: Any) -> None:
+    """End to end with the SDK: a consumer reads m1 from an ASYNC master whose slave never gets it; the slave is
+    promoted, the old master demoted (m1 cut) with the consumer's pull held there, and m2 stored at m1's queue
+    offset. The held pull's answer moves the consumer back, at once, since its position belongs to master epoch 1,
+    and it consumes m2 (before, it went on from 2 and m2 was never consumed)."""
+    from trimq.client import (
+        ConsumeConcurrentlyStatus,
+        Message,
+        Producer,
+        ProducerConfig,
+        PushConsumer,
+        PushConsumerConfig,
+    )
+    from trimq.client.admin import open_admin
+    from trimq.protocol.message_queue import MessageQueue
+
+    got: list[bytes] = []
+
+    def listener(msgs: list[Any], context: Any) -> ConsumeConcurrentlyStatus:
+        got.extend(m.body for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    q0 = MessageQueue("T", "broker-a", 0)
+    async with namesrv_factory() as ns, trio.open_nursery() as nursery:
+        common = {"namesrv_addr": ns.address, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
+        stop_master, master_stopped = trio.Event(), trio.Event()
+        master: Broker = await nursery.start(run_broker, broker_factory,
+                                             {"store_dir": str(tmp_path / "master"), **common}, stop_master,
+                                             master_stopped)
+        link = Relay(master.ha_controller.ha_server_addr)
+        await nursery.start(link.serve)
+        slave: Broker = await nursery.start(run_broker, broker_factory,
+                                            {"broker_role": "SLAVE", "broker_id": 1,
+                                             "ha_master_address": link.address, **common}, trio.Event())
+        async with Producer(ProducerConfig(namesrv_addr=ns.address)) as producer:
+            assert producer.instance is not None
+            await producer.instance.api.create_topic(master.address, "T", read_queue_nums=1, write_queue_nums=1)
+            with trio.fail_after(10):  # routed (the broker's next registration carries the topic)
+                while not await producer.instance.update_topic_route_info_from_name_server("T"):
+                    await trio.sleep(0.05)
+            consumer = PushConsumer(PushConsumerConfig(namesrv_addr=ns.address, consumer_group="cg",
+                                                       consume_from_where="CONSUME_FROM_FIRST_OFFSET"))
+            consumer.subscribe("T", "*")
+            consumer.register_message_listener_concurrently(listener)
+            async with consumer:
+                await producer.send(Message("T", b"m0"), message_queue=q0)
+                await until(lambda: got == [b"m0"], "m0 consumed")
+                await until(lambda: slave.store.commitlog.max_offset == master.store.commitlog.max_offset,
+                            "m0 replicated")
+                link.blackhole()
+                await producer.send(Message("T", b"m1"), message_queue=q0)  # acknowledged: ASYNC
+                await until(lambda: got == [b"m0", b"m1"], "m1 consumed")
+                assert slave.store.get_max_offset_in_queue("T", 0) == 1  # the slave never got m1
+                # The slave is promoted; the old master learns it was superseded, becomes its slave and cuts m1,
+                # the consumer's pull (from 2) still held there. The promoted master stores m2 at m1's queue
+                # offset; the old master stops, answering the held pull, and the consumer goes on from there.
+                async with open_admin(ns.address) as admin:
+                    promoted = await admin.broker_promote("broker-a", 1)
+                assert promoted.master_epoch == 2
+                await until(lambda: master.ha_controller.role == "SLAVE" and master.ha_controller.master_epoch == 2
+                            and master.store.get_max_offset_in_queue("T", 0) == 1, "the old master demoted, m1 cut")
+                r = await send(rclient, slave.address, "T", 0, b"m2")
+                assert r.code == ResponseCode.SUCCESS and r.ext["queueOffset"] == 1, r.remark
+                stop_master.set()
+                await master_stopped.wait()
+                await until(lambda: b"m2" in got, "m2 consumed", timeout=15)
+        nursery.cancel_scope.cancel()

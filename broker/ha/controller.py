@@ -184,9 +184,7 @@ class HAController:
                 store.writable = True
                 store.not_writable_reason = ""
             store.replica_wait = self.service.wait_for_slave if self.role == SYNC_MASTER else None
-        sync_master = self.role == SYNC_MASTER
-        store.read_gate.limit_fn = self.service.read_limit if sync_master else _no_read_limit
-        store.read_gate.release()
+        store.read_gate.follow(self.service.read_limit if self.role == SYNC_MASTER else None)
 
     def _notify(self) -> None:
         for listener in list(self.listeners):
@@ -405,10 +403,6 @@ class HAController:
             out.update(masterConnected=client.connected, masterAddr=self.master_addr(),
                        masterHaAddr=self.master_ha_address(), dispatchedOffset=client.writer.reput_offset)
         return out
-
-
-def _no_read_limit() -> None:
-    return None
 
 
 def _broker_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:

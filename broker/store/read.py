@@ -40,14 +40,20 @@ class ReadGate:
     def __init__(self, commitlog_end: Callable[[], int], held_max: int = 100_000) -> None:
         self._commitlog_end = commitlog_end
         self._held_max = held_max
-        #: The readable commit-log end (None: everything), set by the HA controller for a SYNC_MASTER.
-        self.limit_fn: Callable[[], int | None] = lambda: None
+        self._limit_fn: Callable[[], int | None] | None = None  # see follow()
         #: Told of an arrival once it is readable: (topic, queue id, the queue's max offset).
         self.listeners: list[ArrivalListener] = []
         self._held: deque[tuple[int, str, int, int]] = deque()  # (commit-log end, topic, queue id, max offset)
 
+    def follow(self, limit_fn: Callable[[], int | None] | None) -> None:
+        """Readers see the commit log up to ``limit_fn()`` (None from it, or no function: everything), from now
+        on; the HA controller sets it by role. Arrivals readable now are passed on at once."""
+        self._limit_fn = limit_fn
+        self.release()
+
     def limit(self) -> int | None:
-        return self.limit_fn()
+        """The readable commit-log end, or None when everything is readable."""
+        return None if self._limit_fn is None else self._limit_fn()
 
     @property
     def held(self) -> int:
@@ -56,7 +62,7 @@ class ReadGate:
 
     def on_arrival(self, topic: str, queue_id: int, new_max: int) -> None:
         """The store's arrival listener: pass the arrival on, or hold it until a slave acknowledges it."""
-        limit = self.limit_fn()
+        limit = self.limit()
         end = self._commitlog_end()
         if limit is not None and end > limit:
             if len(self._held) >= self._held_max:
@@ -72,7 +78,7 @@ class ReadGate:
         held = self._held
         if not held:
             return
-        limit = self.limit_fn()
+        limit = self.limit()
         ready: dict[tuple[str, int], int] = {}
         while held and (limit is None or held[0][0] <= limit):
             _end, topic, queue_id, new_max = held.popleft()

@@ -166,7 +166,7 @@ async def test_a_read_gate_hides_records_past_its_limit_and_passes_arrivals_on_o
     limit: list[int | None] = [None]
     async with running(tmp_path) as st:
         st.read_gate.listeners.append(lambda topic, qid, new_max: arrivals.append((topic, qid, new_max)))
-        st.read_gate.limit_fn = lambda: limit[0]
+        st.read_gate.follow(lambda: limit[0])
         for i in range(2):
             await put(st, "G", 0, b"open%d" % i)
         assert arrivals == [("G", 0, 1), ("G", 0, 2)]
@@ -182,7 +182,9 @@ async def test_a_read_gate_hides_records_past_its_limit_and_passes_arrivals_on_o
         assert (r.status, r.next_begin_offset, r.body) == (GetMessageStatus.OFFSET_OVERFLOW_ONE, 2, b"")
         assert not st.has_readable("G", 0, 2) and st.has_readable("G", 0, 1)
         # the slave acknowledges the first two hidden records: they are readable and long polling hears of it
-        third = st.find_consume_queue("G", 0).get_unit(4)
+        cq = st.find_consume_queue("G", 0)
+        third = cq.get_unit(4) if cq is not None else None
+        assert third is not None
         limit[0] = third[0]
         st.read_gate.release()
         assert arrivals[2:] == [("G", 0, 4)]
@@ -203,14 +205,13 @@ def test_a_read_gates_held_arrivals_are_bounded_one_per_queue() -> None:
     end = [0]
     told: list[tuple[str, int, int]] = []
     gate = ReadGate(lambda: end[0], held_max=4)
-    gate.limit_fn = lambda: 0
+    gate.follow(lambda: 0)
     gate.listeners.append(lambda topic, qid, new_max: told.append((topic, qid, new_max)))
     for i in range(1, 10):  # a slave that never acknowledges: arrivals to two queues pile up
         end[0] = 100 * i
         gate.on_arrival("T", i % 2, i)
     assert told == [] and gate.held <= 4
-    gate.limit_fn = lambda: 1000
-    gate.release()
+    gate.follow(lambda: 1000)
     assert sorted(told) == [("T", 0, 8), ("T", 1, 9)]  # each queue's latest arrival, once
 
 

@@ -24,6 +24,7 @@ from trimq.broker.store.ha.codec import (
 )
 from trimq.broker.store.ha.history import HAState, truncation_point
 from trimq.broker.store.ha.master import HAConnection, HAService
+from trimq.broker.store.read import ReadGate
 from trimq.broker.store.store_base import PutMessageStatus
 
 
@@ -93,10 +94,11 @@ def test_ha_state_file_round_trip(tmp_path: object) -> None:
 
 
 class _Store:
-    """What the wait reads of a store: nothing but the arrival hook."""
+    """What the wait reads of a store: nothing but the arrival hook and the read gate it releases."""
 
     def __init__(self) -> None:
         self.arrival_listeners: list[object] = []
+        self.read_gate = ReadGate(lambda: 0)
 
 
 def _service(**kw: int) -> HAService:

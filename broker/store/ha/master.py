@@ -290,9 +290,7 @@ class HAService:
     def _release_waiters(self) -> None:
         """Wake the waits a report covers (and all of them when no slave is left or this is no master), and let
         readers see what is acknowledged now."""
-        gate = getattr(self.store, "read_gate", None)
-        if gate is not None:
-            gate.release()
+        self.store.read_gate.release()
         waiters = self._waiters
         if not waiters:
             return

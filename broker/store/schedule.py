@@ -637,19 +637,15 @@ class _CopyFinder:
         if start < bounds[0]:
             await self._read(topic, queue_id, start, bounds[0], markers)
             bounds[0] = start
-        copy_at = markers.get(marker)
-        if copy_at is not None and copy_at > after:
-            return True
         end = self._store.get_max_offset_in_queue(topic, queue_id)
-        while bounds[1] < end:
-            read = await self._read(topic, queue_id, bounds[1], min(bounds[1] + BATCH_UNITS, end), markers)
-            if not read:
-                break
-            bounds[1] += read
+        while True:
             copy_at = markers.get(marker)
             if copy_at is not None and copy_at > after:
                 return True
-        return False
+            read = await self._read(topic, queue_id, bounds[1], min(bounds[1] + BATCH_UNITS, end), markers)
+            if not read:
+                return False
+            bounds[1] += read
 
     def _start(self, schedule_record: MessageExt, topic: str, queue_id: int) -> int:
         """The real-queue position from which the copy can be there: just before the record's due time."""

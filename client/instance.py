@@ -633,17 +633,6 @@ class ClientInstance:
             addr = self.find_broker_address_in_publish(broker_name)
         return addr
 
-    async def find_broker_addr_by_topic(self, topic: str) -> str | None:
-        """Any broker of ``topic`` (RocketMQ picks one at random: every broker knows every member)."""
-        route = self.topic_route_table.get(topic)
-        if route is None:
-            await self.update_topic_route_info_from_name_server(topic)
-            route = self.topic_route_table.get(topic)
-        if route is None or not route.broker_datas:
-            return None
-        bd = random.choice(route.broker_datas)
-        return bd.select_broker_addr()
-
     def _all_broker_addrs(self, *, masters_only: bool) -> list[str]:
         out = []
         for addrs in self.broker_addr_table.values():

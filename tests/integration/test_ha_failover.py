@@ -311,6 +311,18 @@ async def test_an_ordered_send_to_a_broker_whose_master_is_down_fails_fast_and_n
         nursery.cancel_scope.cancel()
 
 
+async def test_a_pull_with_a_bad_master_epoch_is_refused_naming_it(broker_factory: Callable[..., Any],
+                                                                     rclient: RemotingClient) -> None:
+    async with broker_factory() as broker:
+        assert (await send(rclient, broker.address, "T", 0, b"m0")).code == ResponseCode.SUCCESS
+        for bad, says in (("x", "must be an integer"), (2**31, "outside the range of a Java int")):
+            p = await call(rclient, broker.address, RC.PULL_MESSAGE, {**pull_request(0), "masterEpoch": bad})
+            assert p.code == ResponseCode.SYSTEM_ERROR and "'masterEpoch'" in (p.remark or "") \
+                and says in (p.remark or ""), p.remark
+        p = await call(rclient, broker.address, RC.PULL_MESSAGE, {**pull_request(0), "masterEpoch": 1})
+        assert p.code == ResponseCode.SUCCESS and p.ext["masterEpoch"] == 1  # a single broker's first epoch
+
+
 async def test_a_consumer_that_read_an_async_masters_lost_tail_gets_the_promoted_masters_next_message(
         broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
         tmp_path: Any) -> None:

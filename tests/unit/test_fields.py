@@ -42,6 +42,13 @@ def test_bounds_pass_and_one_beyond_is_refused(field: str, lo: int, hi: int, jav
                           f"(int{32 if java == 'int' else 64}): [{lo}, {hi}]")
 
 
+def test_a_pulls_master_epoch_is_a_java_int() -> None:
+    assert check_field_ranges(RequestCode.PULL_MESSAGE, {"masterEpoch": INT_MAX}) is None
+    assert check_field_ranges(RequestCode.PULL_MESSAGE, {"masterEpoch": INT_MAX + 1}) == (
+        f"header field 'masterEpoch' = {INT_MAX + 1} is outside the range of a Java int (int32): "
+        f"[{INT_MIN}, {INT_MAX}]")
+
+
 def test_values_that_are_no_number_are_left_to_the_handler() -> None:
     code = RequestCode.PULL_MESSAGE
     for value in (True, "abc", "9" * 5000, [2**63], {"x": 1}, 1.5e300, b"123"):

@@ -357,6 +357,23 @@ async def test_progress_past_entries_without_copies_is_walked_back_at_start(tmp_
         assert broker.store.get_max_offset_in_queue(T, 0) == 4
 
 
+async def test_the_walk_back_stops_at_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The walk back is bounded (REWIND_MAX_ENTRIES, 100k): entries further back are taken as delivered. Here the
+    # bound is 1, so of the two entries without copies only the later one is delivered again.
+    import trimq.broker.store.schedule as schedule
+
+    monkeypatch.setattr(schedule, "REWIND_MAX_ENTRIES", 1)
+    store_dir = tmp_path / "store"
+    async with running_broker(store_dir, message_delay_level="100ms 60s") as broker, RemotingClient() as rc:
+        for body in (b"b", b"c", b"d"):
+            assert (await send(rc, broker.address, T, body, {"DELAY": "2"})).ok
+    (store_dir / "config" / "delayOffset.json").write_text(json.dumps({"offsetTable": {"1": 0, "2": 2}}))
+    async with running_broker(store_dir, message_delay_level="100ms 200ms") as broker, RemotingClient() as rc:
+        got = await pull_until(rc, broker.address, T, 0, 2)
+        assert [m.body for m in got] == [b"c", b"d"]
+        assert broker.schedule_message_service.offsets[2] == 3
+
+
 async def test_progress_is_persisted_only_past_copies_the_store_has_fsynced(tmp_path: Path) -> None:
     # ASYNC_FLUSH with a long interval: the delivered copy sits unflushed until we flush the store ourselves.
     async with running_broker(tmp_path / "store", flush_interval_ms=60_000) as broker, RemotingClient() as rc:

@@ -38,12 +38,14 @@ from trimq.broker.ha.slave_sync import (
     SyncedTopics,
     overwrite_offsets,
 )
+from trimq.broker.locks import split_epoch
 from trimq.broker.store.epoch import BrokerEpochStore
 from trimq.broker.store.ha.codec import HelloAck
 from trimq.broker.store.ha.history import HAState, ha_state_path
 from trimq.broker.store.ha.master import HAService
 from trimq.broker.store.ha.slave import HAClient
 from trimq.broker.store.message_store import MessageStore
+from trimq.broker.store.offset_merge import CommitVersion
 from trimq.broker.store.offsets import TOPIC_GROUP_SEPARATOR
 from trimq.broker.store.schedule import encode_offset_table
 from trimq.broker.store.topics import TopicConfig
@@ -82,7 +84,9 @@ class OffsetTable(SyncedOffsets, Protocol):
 
     def encode(self) -> dict[str, Any]: ...
 
-    def entries(self) -> dict[tuple[str, int], tuple[int, tuple[int, int]]]: ...
+    def entries(self) -> dict[tuple[str, int], tuple[int, CommitVersion]]: ...
+
+    def max_lock_epoch(self) -> int: ...
 
     def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
 
@@ -266,10 +270,13 @@ class HAController:
         self.state.begin_epoch(epoch, cl.max_offset)
         self.state.broker_role, self.state.broker_id = role, MASTER_ID
         await trio.to_thread.run_sync(self.state.save)
-        # Lock epochs above every one the old master granted: its broker epoch is the high half of them.
+        # Lock epochs above every one the old master granted: its broker epoch is the high half of them. The
+        # synced commits' epochs count too (the old master may have restarted since this broker last heard of it):
+        # a grant below them would have its holder's commits refused as stale.
         old_broker_epoch = known.broker_epoch if known is not None else 0
         es = self.epoch_store
-        es.broker_epoch = max(es.broker_epoch, self.locks.broker_epoch, old_broker_epoch)
+        es.broker_epoch = max(es.broker_epoch, self.locks.broker_epoch, old_broker_epoch,
+                              split_epoch(self.offsets.max_lock_epoch())[0])
         await trio.to_thread.run_sync(es.bump)
         # Nobody's lease is known here: wait out the longest one the old master could have granted.
         grace = max(es.max_takeover_ms, self.locks.takeover_after_ms) if self.leases else 0

@@ -477,7 +477,7 @@ class CoordinationService:
                 raise RequestError(
                     ResponseCode.NO_PERMISSION,
                     f"offset update refused (fenced): lock epoch {epoch} of {client_id} is older than epoch "
-                    f"{current} of the latest lock grant of {topic} queue {qid} of group {group}",
+                    f"{current} of the latest lock grant or commit of {topic} queue {qid} of group {group}",
                 )
             return RemotingCommand.response_to(cmd)
         owner = om.fencing_owner(group, topic, qid, client_id)

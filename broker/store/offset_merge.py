@@ -3,9 +3,11 @@
 A slave keeps accepting offset commits while its master is away (consumers pull from it then), and when the
 master is back the two tables disagree. RocketMQ 4.9.3's slave overwrites its table with the master's every
 10 s, losing what was committed to the slave; taking the larger offset instead would undo an admin reset that
-moved an offset backwards. Here every queue's offset carries a **commit version** ``(reset generation,
-sequence)`` (broker/store/offsets.py stamps it on every change; the sequence is a hybrid logical clock), and the
-newer version wins, whatever the offsets:
+moved an offset backwards. Here every queue's offset carries a **commit version** ``(reset generation, lock epoch,
+sequence)`` (broker/store/offsets.py stamps it on every change: the newest queue-lock epoch a commit of the queue
+carried, and a hybrid logical clock), and the newer version wins, whatever the offsets. The lock epoch ranks above
+the clock: a commit made later, but under an older lock grant (an ex-holder that woke up while the master was
+away and committed to the slave), loses to the new holder's (chaos seed 87).
 
 * a queue only one side has is taken by the other;
 * both have it: the larger version wins; equal versions with different offsets (tables from before versions
@@ -21,16 +23,18 @@ newer: a merge copies versions as they are), and the queues the master does not 
 longer a local change of the slave.
 
 The wire form of a table is GET_ALL_CONSUMER_OFFSET's body: ``offsetTable`` (RocketMQ's), plus
-``resetGenerationTable`` and ``commitVersionTable`` (``{"topic@group": {"<queueId>": [generation, sequence]}}``),
-which RocketMQ ignores.
+``resetGenerationTable`` and ``commitVersionTable`` (``{"topic@group": {"<queueId>": [generation, sequence,
+lockEpoch]}}``; a version of two numbers, from before lock epochs were part of it, has lock epoch 0), which
+RocketMQ ignores.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 __all__ = [
+    "CommitVersion",
     "DecodedTable",
     "MergeResult",
     "VersionedOffsets",
@@ -40,8 +44,29 @@ __all__ = [
     "offsets_newer_here",
 ]
 
-Version = tuple[int, int]
 QueueKey = tuple[str, int]  # ("topic@group", queue id)
+
+
+class CommitVersion(NamedTuple):
+    """The version of a queue's stored offset; compared as a tuple, the larger is newer."""
+
+    generation: int  # the reset generation the offset belongs to
+    lock_epoch: int  # the newest queue-lock fencing epoch a commit of the queue carried (0: none)
+    sequence: int  # the hybrid logical clock of the queue's changes (wall ms, or one more than the last)
+
+    def to_wire(self) -> list[int]:
+        """``[generation, sequence, lockEpoch]``: the two-number form of older versions, extended."""
+        return [self.generation, self.sequence, self.lock_epoch]
+
+    @staticmethod
+    def from_wire(v: Any) -> CommitVersion | None:
+        """The version of a ``commitVersionTable`` entry; None when it is not two or three non-negative integers."""
+        if not isinstance(v, list | tuple) or len(v) not in (2, 3) or not all(_nat(x) for x in v):
+            return None
+        return CommitVersion(int(v[0]), int(v[2]) if len(v) == 3 else 0, int(v[1]))
+
+
+Version = CommitVersion
 
 
 class VersionedOffsets(Protocol):
@@ -106,11 +131,9 @@ def decode_table(body: Any) -> DecodedTable:
                 continue
             if qid < 0 or not _nat(offset):
                 continue
-            v = qversions.get(str(q))
-            if isinstance(v, list | tuple) and len(v) == 2 and all(_nat(x) for x in v):
-                version = (int(v[0]), int(v[1]))
-            else:
-                version = (generations.get(key, 0), 0)  # a table without versions (RocketMQ's, or older)
+            version = CommitVersion.from_wire(qversions.get(str(q)))
+            if version is None:  # a table without versions (RocketMQ's, or older)
+                version = CommitVersion(generations.get(key, 0), 0, 0)
             out.entries[(key, qid)] = (offset, version)
     return out
 
@@ -172,9 +195,9 @@ def offsets_newer_here(offsets: VersionedOffsets, body: dict[str, Any]) -> dict[
     table: dict[str, dict[str, int]] = {}
     versions: dict[str, dict[str, list[int]]] = {}
     for key, qid in result.newer_here:
-        offset, (gen, seq) = local[(key, qid)]
+        offset, version = local[(key, qid)]
         table.setdefault(key, {})[str(qid)] = offset
-        versions.setdefault(key, {})[str(qid)] = [gen, seq]
+        versions.setdefault(key, {})[str(qid)] = version.to_wire()
     gens = offsets.reset_generations()
     return {"offsetTable": table, "commitVersionTable": versions,
             "resetGenerationTable": {k: gens[k] for k in table if gens.get(k, 0) > 0}}

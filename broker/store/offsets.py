@@ -23,11 +23,16 @@ Two deliberate differences from RocketMQ:
   Commits without the field (RocketMQ's clients) are judged as before. The table is persisted with the
   offsets (``resetGenerationTable``, which RocketMQ ignores) and never goes back.
 * **Commit versions** (issue 15, HA): every change of a queue's offset stamps it with a commit version
-  ``(reset generation, sequence)``; the sequence is a hybrid logical clock, ``max(previous + 1, wall ms)``, so
-  it grows with every change of the queue on one broker and orders changes made on a master and on its slave
-  (while the master was away) by when they were made. A slave's metadata sync merges its master's table with
-  its own by these versions (broker/store/offset_merge.py), never by the larger offset, and hands the master the
-  offsets committed on the slave that are newer (``local_changes``). Persisted as ``commitVersionTable``.
+  ``(reset generation, lock epoch, sequence)``. The lock epoch is the newest fencing epoch any commit of the queue
+  carried (a high-water mark: a commit without one keeps it); the sequence is a hybrid logical clock,
+  ``max(previous + 1, wall ms)``, so it grows with every change of the queue on one broker and orders changes made
+  on a master and on its slave (while the master was away) by when they were made. A commit made under a newer
+  lock grant therefore wins over one made later under an older grant (chaos seed 87: a paused ex-holder's commit
+  to the slave, handed to the returning master, rewound the queue its successor had consumed). A slave's metadata
+  sync merges its master's table with its own by these versions (broker/store/offset_merge.py), never by the
+  larger offset, and hands the master the offsets committed on the slave that are newer (``local_changes``).
+  Persisted as ``commitVersionTable``. The same high-water mark fences commits: an epoch older than the queue's
+  latest commit is refused even where no lock was granted since (a slave, a restarted master).
 * **Fencing by owner** (DESIGN.md §6.2), for updates without an epoch (pull commit offsets, older clients):
   for a group consuming orderly, an update for a queue whose *live* broker lock belongs to another client is
   refused the same way. A queue nobody holds live accepts them from anyone (RocketMQ compatibility:
@@ -47,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.offset_merge import CommitVersion
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
@@ -137,8 +143,8 @@ class ConsumerOffsetManager:
         #: Pull commit offsets ignored because the stored offset was already further (see commit_offset).
         self.stale_pull_commits = 0
         self._reset_generations: dict[str, int] = {}  # "topic@group" -> generation (0: never reset)
-        #: ("topic@group", queue id) -> commit version (reset generation, sequence) of the queue's offset.
-        self._commit_versions: dict[tuple[str, int], tuple[int, int]] = {}
+        #: ("topic@group", queue id) -> commit version (reset generation, lock epoch, sequence) of the queue's offset.
+        self._commit_versions: dict[tuple[str, int], CommitVersion] = {}
         #: Queues whose offset changed here (a commit or a reset) rather than by a merge from another broker: what
         #: a slave hands its master (broker/store/offset_merge.py); cleared once the master has them.
         self.local_changes: set[tuple[str, int]] = set()
@@ -192,12 +198,17 @@ class ConsumerOffsetManager:
         return owner
 
     def stale_epoch(self, group: str, topic: str, queue_id: int, lock_epoch: int | None) -> int | None:
-        """The queue's latest grant epoch when ``lock_epoch`` is older than it (the update must be refused),
-        else None (also when no epoch is given or the queue was not locked since the broker started)."""
-        if lock_epoch is None or self.lock_manager is None:
+        """The queue's newest known epoch when ``lock_epoch`` is older than it (the update must be refused), else
+        None (also when no epoch is given). Known are this lifetime's latest grant and the newest epoch a commit
+        of the queue carried (its commit version): a slave grants nothing and a restarted master has granted
+        nothing yet, but an ex-holder's commit is as stale there as anywhere."""
+        if lock_epoch is None:
             return None
-        current = self.lock_manager.current_epoch(group, MessageQueue(topic, self.broker_name, queue_id))
-        return current if current is not None and lock_epoch < current else None
+        current = self.commit_version(group, topic, queue_id).lock_epoch
+        if self.lock_manager is not None:
+            granted = self.lock_manager.current_epoch(group, MessageQueue(topic, self.broker_name, queue_id))
+            current = max(current, granted or 0)
+        return current if lock_epoch < current else None
 
     def reset_generation(self, group: str, topic: str) -> int:
         """How many times the group's offsets of ``topic`` were reset (0: never)."""
@@ -272,7 +283,7 @@ class ConsumerOffsetManager:
         if source == "pull" and offset < self.query_offset(group, topic, queue_id):
             self.stale_pull_commits += 1
             return True
-        self._set(group, topic, queue_id, offset, generation=reset_generation)
+        self._set(group, topic, queue_id, offset, generation=reset_generation, lock_epoch=lock_epoch)
         self.applied_updates += 1
         return True
 
@@ -300,7 +311,8 @@ class ConsumerOffsetManager:
             self._version += 1
         return n
 
-    def _set(self, group: str, topic: str, queue_id: int, offset: int, *, generation: int | None = None) -> None:
+    def _set(self, group: str, topic: str, queue_id: int, offset: int, *, generation: int | None = None,
+             lock_epoch: int | None = None) -> None:
         k = self.key(group, topic)
         now = self._now_ms()
         self._table.setdefault(k, {})[queue_id] = offset
@@ -310,40 +322,45 @@ class ConsumerOffsetManager:
         gen = max(self._reset_generations.get(k, 0), generation or 0)
         if gen > self._reset_generations.get(k, 0):
             self._reset_generations[k] = gen
-        _, seq = self._commit_versions.get((k, queue_id), (0, 0))
-        self._commit_versions[(k, queue_id)] = (gen, max(seq + 1, now))
+        _, epoch, seq = self._commit_versions.get((k, queue_id), CommitVersion(0, 0, 0))
+        self._commit_versions[(k, queue_id)] = CommitVersion(gen, max(epoch, lock_epoch or 0), max(seq + 1, now))
         self.local_changes.add((k, queue_id))
         self._version += 1
 
     # ------------------------------------------------------------------ commit versions (HA, issue 15)
 
-    def commit_version(self, group: str, topic: str, queue_id: int) -> tuple[int, int]:
-        """The queue's commit version ``(reset generation, sequence)``; (generation, 0) when never stamped."""
+    def commit_version(self, group: str, topic: str, queue_id: int) -> CommitVersion:
+        """The queue's commit version ``(reset generation, lock epoch, sequence)``; (generation, 0, 0) when never
+        stamped."""
         k = self.key(group, topic)
-        return self._commit_versions.get((k, queue_id), (self._reset_generations.get(k, 0), 0))
+        return self._commit_versions.get((k, queue_id), CommitVersion(self._reset_generations.get(k, 0), 0, 0))
 
-    def entries(self) -> dict[tuple[str, int], tuple[int, tuple[int, int]]]:
+    def max_lock_epoch(self) -> int:
+        """The newest lock epoch any stored commit carried (0: none): a promoted broker grants above it."""
+        return max((v.lock_epoch for v in self._commit_versions.values()), default=0)
+
+    def entries(self) -> dict[tuple[str, int], tuple[int, CommitVersion]]:
         """Every stored offset: ("topic@group", queue id) -> (offset, commit version)."""
         out = {}
         for k, queues in self._table.items():
             gen = self._reset_generations.get(k, 0)
             for qid, offset in queues.items():
-                out[(k, qid)] = (offset, self._commit_versions.get((k, qid), (gen, 0)))
+                out[(k, qid)] = (offset, self._commit_versions.get((k, qid), CommitVersion(gen, 0, 0)))
         return out
 
     def reset_generations(self) -> dict[str, int]:
         """A copy of the reset generations, "topic@group" -> generation."""
         return dict(self._reset_generations)
 
-    def merge_entry(self, key: str, queue_id: int, offset: int, version: tuple[int, int]) -> None:
+    def merge_entry(self, key: str, queue_id: int, offset: int, version: CommitVersion) -> None:
         """Take another broker's offset with its commit version (a merge: not a local change)."""
         _check_offset(offset)
         self._table.setdefault(key, {})[queue_id] = offset
         self._commit_versions[(key, queue_id)] = version
         self._updated_at[(key, queue_id)] = self._now_ms()
         self.local_changes.discard((key, queue_id))
-        if version[0] > self._reset_generations.get(key, 0):
-            self._reset_generations[key] = version[0]
+        if version.generation > self._reset_generations.get(key, 0):
+            self._reset_generations[key] = version.generation
         self._version += 1
 
     def merge_reset_generation(self, key: str, generation: int) -> bool:
@@ -391,8 +408,8 @@ class ConsumerOffsetManager:
             doc["resetGenerationTable"] = dict(sorted(self._reset_generations.items()))
         if self._commit_versions:
             versions: dict[str, dict[str, list[int]]] = {}
-            for (k, qid), (gen, seq) in sorted(self._commit_versions.items()):
-                versions.setdefault(k, {})[str(qid)] = [gen, seq]
+            for (k, qid), version in sorted(self._commit_versions.items()):
+                versions.setdefault(k, {})[str(qid)] = version.to_wire()
             doc["commitVersionTable"] = versions
         return doc
 
@@ -451,9 +468,9 @@ class ConsumerOffsetManager:
         versions = data.get("commitVersionTable")
         for k, queues in (versions.items() if isinstance(versions, dict) else ()):
             for q, v in (queues.items() if isinstance(queues, dict) else ()):
-                if (isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)
-                        and str(q).isdigit() and int(q) in loaded.get(str(k), {})):
-                    self._commit_versions[(str(k), int(q))] = (v[0], v[1])
+                version = CommitVersion.from_wire(v)
+                if version is not None and str(q).isdigit() and int(q) in loaded.get(str(k), {}):
+                    self._commit_versions[(str(k), int(q))] = version
         self.local_changes = set()
         self._table = loaded
         self._updated_at.clear()

@@ -10,7 +10,9 @@ from typing import Any
 import trio
 
 from trimq.broker.broker import Broker
+from trimq.broker.locks import make_epoch
 from trimq.broker.store.ha.codec import Hello, StreamBuffer, encode_hello
+from trimq.broker.store.offset_merge import CommitVersion
 from trimq.protocol.address import parse_address
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
@@ -190,11 +192,17 @@ async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
         # 3. the slave is promoted and takes writes under master epoch 2
         async with broker_factory(**slave_cfg) as b:
             await b.register_service.registered.wait()
+            # a synced commit made under a grant of a master lifetime this slave never heard of (the master
+            # restarted between syncs): the promoted broker's grants must exceed it, or its holders' commits
+            # would be refused as older
+            unheard = make_epoch(old_broker_epoch + 5, 1)
+            b.offset_manager.merge_entry("T@cg", 0, 1, CommitVersion(0, unheard, 1))
             async with open_admin(ns.address) as admin:
                 result = await admin.broker_promote("broker-a", 1)
             assert (result.broker_role, result.master_epoch, result.max_offset) == ("ASYNC_MASTER", 2, promoted_at)
             assert b.ha_controller.role == "ASYNC_MASTER" and b.ha_controller.broker_id == 0
             assert b.lock_manager.broker_epoch > old_broker_epoch  # its lock epochs exceed the old master's
+            assert make_epoch(b.lock_manager.broker_epoch, 0) > unheard  # and every synced commit's
             assert b.lock_manager.in_restart_grace()  # no lock table: the lease restart grace first
             assert b.ha_controller.state.history == [(1, 0), (2, promoted_at)]
             # never synced from the old master (the first sync is 3 s after the start): the topic of its queues

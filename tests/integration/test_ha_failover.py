@@ -8,13 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import trio
 
 from tests.integration.relay import Relay
 from trimq.broker.broker import Broker
+from trimq.client.api import ConsumerData, HeartbeatData, MQClientAPI
+from trimq.client.errors import NoPermissionError
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import encode_properties
+from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.client import RemotingClient
 
 RC = RequestCode
@@ -104,6 +108,57 @@ async def test_offsets_committed_on_the_slave_survive_the_masters_return(
         assert await slave.ha_controller.sync.sync_all(rclient)
         assert slave.offset_manager.query_offset("cg", "T", 1) == 4
         assert not slave.offset_manager.local_changes
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_commit_under_an_older_lock_grant_never_rewinds_a_queue_across_its_masters_restart(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
+        tmp_path: Any) -> None:
+    """Long chaos seed 87: a consumer paused past its lease ("a") woke while the master was down and committed
+    its old offset to the slave under its old lock epoch; the slave, which knew no newer grant, stamped it newer
+    than the new holder's ("b") commits and handed it to the returning master: the queue went back ~250
+    messages. A commit's lock epoch is now part of its version, and an epoch older than the queue's latest
+    commit is refused wherever it arrives, a restarted master included."""
+    q0 = MessageQueue("T", "broker-a", 0)
+    sub = {"topic": "T", "subString": "*", "tagsSet": [], "codeSet": [], "subVersion": 1}
+    async with namesrv_factory() as ns, trio.open_nursery() as nursery, \
+            RemotingClient(default_timeout_s=10) as rc_a, RemotingClient(default_timeout_s=10) as rc_b:
+        a, b = MQClientAPI(rc_a, timeout_ms=10_000), MQClientAPI(rc_b, timeout_ms=10_000)
+        common = {"namesrv_addr": ns.address, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
+        master_settings = {"store_dir": str(tmp_path / "master"), **common}
+        stop_master, master_stopped = trio.Event(), trio.Event()
+        master: Broker = await nursery.start(run_broker, broker_factory, master_settings, stop_master,
+                                             master_stopped)
+        slave: Broker = await nursery.start(run_broker, broker_factory,
+                                            {"broker_role": "SLAVE", "broker_id": 1, **common}, trio.Event())
+        for api, cid in ((a, "a"), (b, "b")):
+            await api.heartbeat(master.address, HeartbeatData(cid, [], [ConsumerData(
+                "cg", "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_FIRST_OFFSET", True, [sub])]))
+        e1 = (await a.lock_batch_mq_lease(master.address, "cg", "a", [q0])).epochs[q0]
+        await a.update_consumer_offset(master.address, "cg", q0, 10, "a", lock_epoch=e1)
+        await until(lambda: slave.ha_controller.client.connected, "the slave following its master")
+        assert await slave.ha_controller.sync.sync_all(rclient)
+        # "a" is cut off; "b" takes the queue over under a newer grant and commits after the slave's last sync
+        await a.unlock_batch_mq(master.address, "cg", "a", [q0])
+        e2 = (await b.lock_batch_mq_lease(master.address, "cg", "b", [q0])).epochs[q0]
+        assert e2 > e1
+        await b.update_consumer_offset(master.address, "cg", q0, 20, "b", lock_epoch=e2)
+        stop_master.set()
+        await master_stopped.wait()
+        await until(lambda: not slave.ha_controller.client.connected, "the slave noticing")
+        # "a" wakes up while the master is away and commits what it had, under its old epoch, to the slave
+        await a.update_consumer_offset(slave.address, "cg", q0, 12, "a", lock_epoch=e1)
+        assert await query(rclient, slave.address, 0) == 12  # it knows no newer grant than e1
+        master = await nursery.start(run_broker, broker_factory, master_settings, trio.Event())
+        await until(lambda: slave.ha_controller.client.connected, "the slave following the returned master")
+        assert await slave.ha_controller.sync.sync_all(rclient)  # (it also syncs on reconnecting)
+        assert await query(rclient, master.address, 0) == 20  # b's commit stands
+        assert await query(rclient, slave.address, 0) == 20
+        # its late commit straight to the restarted master (whose lock table is empty) is refused too
+        with pytest.raises(NoPermissionError, match="epoch"):
+            await a.update_consumer_offset(master.address, "cg", q0, 13, "a", lock_epoch=e1)
+        await b.update_consumer_offset(master.address, "cg", q0, 21, "b", lock_epoch=e2)
+        assert await query(rclient, master.address, 0) == 21
         nursery.cancel_scope.cancel()
 
 

@@ -5,7 +5,13 @@ wire form (encode / GET_ALL_CONSUMER_OFFSET body) as the brokers do."""
 
 from __future__ import annotations
 
-from trimq.broker.store.offset_merge import decode_table, merge_by_commit_version, merge_tables, offsets_newer_here
+from trimq.broker.store.offset_merge import (
+    CommitVersion,
+    decode_table,
+    merge_by_commit_version,
+    merge_tables,
+    offsets_newer_here,
+)
 from trimq.broker.store.offsets import ConsumerOffsetManager
 
 G, T = "g", "T"
@@ -125,17 +131,23 @@ def test_the_versions_survive_a_restart(tmp_path) -> None:  # type: ignore[no-un
     om.persist()
     again = ConsumerOffsetManager(path, now_ms=clock)
     again.load()
-    assert again.commit_version(G, T, 0) == om.commit_version(G, T, 0) == (0, 5_000)
-    commit(again, 0, 2)  # the clock did not move: the sequence still grows
-    assert again.commit_version(G, T, 0) == (0, 5_001)
+    assert again.commit_version(G, T, 0) == om.commit_version(G, T, 0) == (0, 0, 5_000)
+    commit(again, 0, 2, lock_epoch=7)  # the clock did not move: the sequence still grows
+    assert again.commit_version(G, T, 0) == (0, 7, 5_001)
+    again.persist()
+    third = ConsumerOffsetManager(path, now_ms=clock)
+    third.load()
+    assert third.commit_version(G, T, 0) == (0, 7, 5_001)  # the lock epoch too
 
 
 def test_decode_skips_malformed_entries_and_merge_tables_is_pure() -> None:
     body = {"offsetTable": {KEY: {"0": 1, "x": 2, "1": -1, "2": True}, "nogroup": {"0": 1}},
             "commitVersionTable": {KEY: {"0": [1, 9], "3": "bad"}}, "resetGenerationTable": {KEY: 1, "bad": -1}}
     table = decode_table(body)
-    assert table.entries == {(KEY, 0): (1, (1, 9))} and table.generations == {KEY: 1}
-    local = {(KEY, 0): (5, (1, 10)), (KEY, 1): (6, (0, 3))}
+    assert table.entries == {(KEY, 0): (1, (1, 0, 9))} and table.generations == {KEY: 1}
+    assert decode_table({"offsetTable": {KEY: {"0": 1}}, "commitVersionTable": {KEY: {"0": [1, 9, 4]}}}
+                        ).entries == {(KEY, 0): (1, (1, 4, 9))}  # [generation, sequence, lockEpoch]
+    local = {(KEY, 0): (5, CommitVersion(1, 0, 10)), (KEY, 1): (6, CommitVersion(0, 0, 3))}
     result = merge_tables(local, table.entries, {(KEY, 0), (KEY, 1)})
     assert result.adopted == [] and result.newer_here == [(KEY, 0), (KEY, 1)]
 
@@ -152,3 +164,36 @@ def test_a_restarted_slave_still_hands_over_its_newer_commits_but_never_revives_
     assert push is not None and push["offsetTable"] == {KEY: {"0": 20}}  # newer: only a commit here makes it so
     assert master.query_offset(G, T, 0) == 20 and master.query_offset(G, T, 5) == -1
 
+
+
+def test_a_commit_under_an_older_lock_grant_loses_to_the_new_holders_though_made_later() -> None:
+    """Chaos seed 87: an ex-holder woken while its master was away committed its old position to the slave under
+    its old epoch, later than the new holder's commits on the master; handed over, it rewound the queue."""
+    master, slave, clock = pair()
+    commit(master, 0, 10, lock_epoch=1)
+    sync(master, slave)
+    commit(master, 0, 20, lock_epoch=2)  # the new holder, after the slave's last sync
+    clock.ms += 5_000
+    commit(slave, 0, 12, lock_epoch=1)  # the slave knows no grant newer than 1: taken
+    assert slave.commit_version(G, T, 0) > slave.commit_version(G, T, 1)
+    push = sync(master, slave)
+    assert push is None  # nothing newer to hand over: the master's commit is under a newer grant
+    assert master.query_offset(G, T, 0) == 20 == slave.query_offset(G, T, 0)
+    # and now the slave knows epoch 2: the ex-holder is refused there as on the master
+    assert not slave.commit_offset(G, T, 0, 13, "c", source="update", lock_epoch=1)
+    assert slave.fenced_updates[G] == 1
+
+
+def test_a_commit_without_an_epoch_keeps_the_queues_lock_epoch_and_the_current_holder_still_wins_by_time() -> None:
+    master, slave, clock = pair()
+    commit(master, 0, 10, lock_epoch=2)
+    sync(master, slave)
+    clock.ms += 1_000
+    commit(slave, 0, 15, lock_epoch=2)  # the holder itself, while the master is away: newer, handed over
+    commit(slave, 1, 3)  # no epoch (a concurrent group's commit): judged by the clock alone
+    assert slave.commit_version(G, T, 0) == (0, 2, 1_001_000)
+    assert sync(master, slave) is not None
+    assert master.query_offset(G, T, 0) == 15 and master.query_offset(G, T, 1) == 3
+    commit(master, 0, 16)  # a commit with no epoch (a pull's) keeps the high-water mark
+    assert master.commit_version(G, T, 0).lock_epoch == 2
+    assert master.max_lock_epoch() == 2

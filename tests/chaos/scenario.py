@@ -254,10 +254,38 @@ class ChaosResult:
 # ---------------------------------------------------------------------------------------------- processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_handed_out: set[int] = set()
+
+
+def _stable_port() -> int:
+    """A free port below the kernel's ephemeral range, for a listener that is restarted on the same port.
+
+    A port from the ephemeral range (what binding port 0 gives) is free again while its broker is down, and any
+    outgoing connection on the machine may take it as its source port then: the restart failed with "Address
+    already in use" (long seeds 60 and 87). Ports below the range are never picked that way."""
+    low, high = _ephemeral_range()
+    top, bottom = (low - 1, 10_000) if low > 11_000 else (65_535, high + 1)
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randint(bottom, top)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {bottom}-{top}")
 
 
 def _wall_ms() -> int:
@@ -408,7 +436,9 @@ class _Cluster:
         return [str(BIN / "trimq-broker"), "--listen", listen, "--store", str(store), "--namesrv", self.namesrv,
                 "--broker-name", broker, "--flush", "sync", "--log-format", "json", "--log-level", "warning", *extra]
 
-    def start_broker(self, broker: str, listen: str = "127.0.0.1:0") -> _Proc:
+    def start_broker(self, broker: str, listen: str | None = None) -> _Proc:
+        """Start ``broker`` on ``listen`` (a restart: its previous address) or on a port of its own."""
+        listen = listen or f"127.0.0.1:{_stable_port()}"
         addr_file = self.store(broker) / "broker.addr"
         with contextlib.suppress(FileNotFoundError):
             addr_file.unlink()
@@ -428,16 +458,16 @@ class _Cluster:
             (store / "broker.addr").unlink()
         n = self._incarnations[broker + "-s"]
         self._incarnations[broker + "-s"] += 1
-        p = self.start(f"{broker}-s.{n}", self._broker_argv(broker, store, "127.0.0.1:0", "--role", "slave",
-                                                             "--broker-id", "1"),
-                       _env(self._broker_settings(broker, store)))
+        listen = f"127.0.0.1:{_stable_port()}"  # a promotion makes it the master, which kill_broker restarts here
+        argv = self._broker_argv(broker, store, listen, "--role", "slave", "--broker-id", "1")
+        p = self.start(f"{broker}-s.{n}", argv, _env(self._broker_settings(broker, store)))
         self.slaves[broker] = p
         return p
 
     def _broker_settings(self, broker: str, store: Path) -> dict[str, Any]:
         if broker != HA_BROKER:
             return BROKER_SETTINGS
-        return {**BROKER_SETTINGS, "ha_listen_port": self.ha_ports.setdefault(store, _free_port())}
+        return {**BROKER_SETTINGS, "ha_listen_port": self.ha_ports.setdefault(store, _stable_port())}
 
     def wait_addr(self, p: _Proc, store: Path, timeout: float = 30) -> str:
         addr_file = store / "broker.addr"

@@ -23,13 +23,15 @@ newer: a merge copies versions as they are), and the queues the master does not 
 longer a local change of the slave.
 
 The wire form of a table is GET_ALL_CONSUMER_OFFSET's body: ``offsetTable`` (RocketMQ's), plus
-``resetGenerationTable`` and ``commitVersionTable`` (``{"topic@group": {"<queueId>": [generation, sequence,
-lockEpoch]}}``; a version of two numbers, from before lock epochs were part of it, has lock epoch 0), which
-RocketMQ ignores.
+``resetGenerationTable``, ``commitVersionTable`` (``{"topic@group": {"<queueId>": [generation, sequence]}}``) and
+``commitLockEpochTable`` (``{"topic@group": {"<queueId>": lockEpoch}}``, queues whose lock epoch is not 0), which
+RocketMQ ignores. The lock epoch has a table of its own so that a broker from before it was part of the version
+still reads every version (and merges by generation and sequence, as it did).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -39,6 +41,8 @@ __all__ = [
     "MergeResult",
     "VersionedOffsets",
     "decode_table",
+    "decode_versions",
+    "encode_versions",
     "merge_by_commit_version",
     "merge_tables",
     "offsets_newer_here",
@@ -54,19 +58,39 @@ class CommitVersion(NamedTuple):
     lock_epoch: int  # the newest queue-lock fencing epoch a commit of the queue carried (0: none)
     sequence: int  # the hybrid logical clock of the queue's changes (wall ms, or one more than the last)
 
-    def to_wire(self) -> list[int]:
-        """``[generation, sequence, lockEpoch]``: the two-number form of older versions, extended."""
-        return [self.generation, self.sequence, self.lock_epoch]
-
-    @staticmethod
-    def from_wire(v: Any) -> CommitVersion | None:
-        """The version of a ``commitVersionTable`` entry; None when it is not two or three non-negative integers."""
-        if not isinstance(v, list | tuple) or len(v) not in (2, 3) or not all(_nat(x) for x in v):
-            return None
-        return CommitVersion(int(v[0]), int(v[2]) if len(v) == 3 else 0, int(v[1]))
 
 
-Version = CommitVersion
+def encode_versions(versions: Iterable[tuple[QueueKey, CommitVersion]]) -> dict[str, Any]:
+    """``commitVersionTable`` and, when some lock epoch is not 0, ``commitLockEpochTable`` (the module docstring)."""
+    table: dict[str, dict[str, list[int]]] = {}
+    epochs: dict[str, dict[str, int]] = {}
+    for (key, qid), v in sorted(versions):
+        table.setdefault(key, {})[str(qid)] = [v.generation, v.sequence]
+        if v.lock_epoch:
+            epochs.setdefault(key, {})[str(qid)] = v.lock_epoch
+    out: dict[str, Any] = {"commitVersionTable": table}
+    if epochs:
+        out["commitLockEpochTable"] = epochs
+    return out
+
+
+def decode_versions(body: Any) -> dict[QueueKey, CommitVersion]:
+    """The versions ``encode_versions`` wrote (in a file or a sync body); malformed entries are left out (a lock
+    epoch that is, as 0)."""
+    out: dict[QueueKey, CommitVersion] = {}
+    if not isinstance(body, dict):
+        return out
+    versions, epochs = body.get("commitVersionTable"), body.get("commitLockEpochTable")
+    epochs = epochs if isinstance(epochs, dict) else {}
+    for key, queues in (versions.items() if isinstance(versions, dict) else ()):
+        key_epochs = epochs.get(key)
+        key_epochs = key_epochs if isinstance(key_epochs, dict) else {}
+        for q, v in (queues.items() if isinstance(queues, dict) else ()):
+            if not (isinstance(v, list | tuple) and len(v) == 2 and all(_nat(x) for x in v)) or not str(q).isdigit():
+                continue
+            epoch = key_epochs.get(q, 0)
+            out[(str(key), int(q))] = CommitVersion(int(v[0]), epoch if _nat(epoch) else 0, int(v[1]))
+    return out
 
 
 class VersionedOffsets(Protocol):
@@ -74,11 +98,11 @@ class VersionedOffsets(Protocol):
 
     local_changes: set[QueueKey]
 
-    def entries(self) -> dict[QueueKey, tuple[int, Version]]: ...
+    def entries(self) -> dict[QueueKey, tuple[int, CommitVersion]]: ...
 
     def reset_generations(self) -> dict[str, int]: ...
 
-    def merge_entry(self, key: str, queue_id: int, offset: int, version: Version) -> None: ...
+    def merge_entry(self, key: str, queue_id: int, offset: int, version: CommitVersion) -> None: ...
 
     def merge_reset_generation(self, key: str, generation: int) -> bool: ...
 
@@ -87,7 +111,7 @@ class VersionedOffsets(Protocol):
 class DecodedTable:
     """A table in its wire form, checked: queue -> (offset, version), and the generations."""
 
-    entries: dict[QueueKey, tuple[int, Version]] = field(default_factory=dict)
+    entries: dict[QueueKey, tuple[int, CommitVersion]] = field(default_factory=dict)
     generations: dict[str, int] = field(default_factory=dict)
 
 
@@ -114,16 +138,13 @@ def decode_table(body: Any) -> DecodedTable:
     gens_raw = body.get("resetGenerationTable")
     generations = {str(k): g for k, g in (gens_raw.items() if isinstance(gens_raw, dict) else ())
                    if "@" in str(k) and _nat(g)}
-    versions_raw = body.get("commitVersionTable")
-    versions = versions_raw if isinstance(versions_raw, dict) else {}
+    versions = decode_versions(body)
     out = DecodedTable(generations=generations)
     for key, queues in table.items():
         key = str(key)
         topic, sep, group = key.partition("@")
         if not sep or not topic or not group or not isinstance(queues, dict):
             continue
-        qversions = versions.get(key)
-        qversions = qversions if isinstance(qversions, dict) else {}
         for q, offset in queues.items():
             try:
                 qid = int(q)
@@ -131,14 +152,14 @@ def decode_table(body: Any) -> DecodedTable:
                 continue
             if qid < 0 or not _nat(offset):
                 continue
-            version = CommitVersion.from_wire(qversions.get(str(q)))
+            version = versions.get((key, qid))
             if version is None:  # a table without versions (RocketMQ's, or older)
                 version = CommitVersion(generations.get(key, 0), 0, 0)
             out.entries[(key, qid)] = (offset, version)
     return out
 
 
-def merge_tables(local: dict[QueueKey, tuple[int, Version]], remote: dict[QueueKey, tuple[int, Version]],
+def merge_tables(local: dict[QueueKey, tuple[int, CommitVersion]], remote: dict[QueueKey, tuple[int, CommitVersion]],
                  local_changes: set[QueueKey]) -> MergeResult:
     """The decision alone (pure): which remote entries to take and which local changes are newer than remote."""
     result = MergeResult()
@@ -193,11 +214,8 @@ def offsets_newer_here(offsets: VersionedOffsets, body: dict[str, Any]) -> dict[
     if not result.newer_here:
         return None
     table: dict[str, dict[str, int]] = {}
-    versions: dict[str, dict[str, list[int]]] = {}
     for key, qid in result.newer_here:
-        offset, version = local[(key, qid)]
-        table.setdefault(key, {})[str(qid)] = offset
-        versions.setdefault(key, {})[str(qid)] = version.to_wire()
+        table.setdefault(key, {})[str(qid)] = local[(key, qid)][0]
     gens = offsets.reset_generations()
-    return {"offsetTable": table, "commitVersionTable": versions,
+    return {"offsetTable": table, **encode_versions((q, local[q][1]) for q in result.newer_here),
             "resetGenerationTable": {k: gens[k] for k in table if gens.get(k, 0) > 0}}

@@ -22,17 +22,17 @@ Two deliberate differences from RocketMQ:
   cannot write the old position back over the reset. Locks play no part: it works for concurrent groups too.
   Commits without the field (RocketMQ's clients) are judged as before. The table is persisted with the
   offsets (``resetGenerationTable``, which RocketMQ ignores) and never goes back.
-* **Commit versions** (issue 15, HA): every change of a queue's offset stamps it with a commit version
-  ``(reset generation, lock epoch, sequence)``. The lock epoch is the newest fencing epoch any commit of the queue
-  carried (a high-water mark: a commit without one keeps it); the sequence is a hybrid logical clock,
-  ``max(previous + 1, wall ms)``, so it grows with every change of the queue on one broker and orders changes made
-  on a master and on its slave (while the master was away) by when they were made. A commit made under a newer
-  lock grant therefore wins over one made later under an older grant (chaos seed 87: a paused ex-holder's commit
-  to the slave, handed to the returning master, rewound the queue its successor had consumed). A slave's metadata
-  sync merges its master's table with its own by these versions (broker/store/offset_merge.py), never by the
-  larger offset, and hands the master the offsets committed on the slave that are newer (``local_changes``).
-  Persisted as ``commitVersionTable``. The same high-water mark fences commits: an epoch older than the queue's
-  latest commit is refused even where no lock was granted since (a slave, a restarted master).
+* **Commit versions** (issue 15, HA): every change of a queue's offset stamps it with a commit version ``(reset
+  generation, lock epoch, sequence)``. The lock epoch is the newest fencing epoch any commit of the queue carried (a
+  high-water mark: a commit without one keeps it); the sequence is a hybrid logical clock, ``max(previous + 1, wall
+  ms)``, so it grows with every change of the queue on one broker and orders changes made on a master and on its
+  slave (while the master was away) by when they were made. A commit made under a newer lock grant therefore wins
+  over one made later under an older grant (chaos seed 87: a paused ex-holder's commit to the slave, handed to the
+  returning master, rewound the queue its successor had consumed). A slave's metadata sync merges its master's table
+  with its own by these versions (broker/store/offset_merge.py), never by the larger offset, and hands the master
+  the offsets committed on the slave that are newer (``local_changes``). Persisted as ``commitVersionTable`` and
+  ``commitLockEpochTable``. The same high-water mark fences commits: an epoch older than the queue's latest commit
+  is refused even where no lock was granted since (a slave, a restarted master).
 * **Fencing by owner** (DESIGN.md §6.2), for updates without an epoch (pull commit offsets, older clients):
   for a group consuming orderly, an update for a queue whose *live* broker lock belongs to another client is
   refused the same way. A queue nobody holds live accepts them from anyone (RocketMQ compatibility:
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
-from trimq.broker.store.offset_merge import CommitVersion
+from trimq.broker.store.offset_merge import CommitVersion, decode_versions, encode_versions
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
@@ -401,16 +401,14 @@ class ConsumerOffsetManager:
 
     def encode(self) -> dict[str, Any]:
         """The file content: RocketMQ's ``{"offsetTable": {"topic@group": {"<queueId>": offset}}}``, plus
-        ``"resetGenerationTable": {"topic@group": generation}`` once a reset happened."""
+        ``"resetGenerationTable": {"topic@group": generation}`` once a reset happened, and the commit versions
+        (``commitVersionTable``, ``commitLockEpochTable``: broker/store/offset_merge.py)."""
         doc: dict[str, Any] = {
             "offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self._table.items())}}
         if self._reset_generations:
             doc["resetGenerationTable"] = dict(sorted(self._reset_generations.items()))
         if self._commit_versions:
-            versions: dict[str, dict[str, list[int]]] = {}
-            for (k, qid), version in sorted(self._commit_versions.items()):
-                versions.setdefault(k, {})[str(qid)] = version.to_wire()
-            doc["commitVersionTable"] = versions
+            doc.update(encode_versions(self._commit_versions.items()))
         return doc
 
     def snapshot(self) -> tuple[int, dict[str, Any]]:
@@ -464,13 +462,7 @@ class ConsumerOffsetManager:
         self._reset_generations = {
             str(k): g for k, g in (generations.items() if isinstance(generations, dict) else ())
             if TOPIC_GROUP_SEPARATOR in str(k) and isinstance(g, int) and not isinstance(g, bool) and g > 0}
-        self._commit_versions = {}
-        versions = data.get("commitVersionTable")
-        for k, queues in (versions.items() if isinstance(versions, dict) else ()):
-            for q, v in (queues.items() if isinstance(queues, dict) else ()):
-                version = CommitVersion.from_wire(v)
-                if version is not None and str(q).isdigit() and int(q) in loaded.get(str(k), {}):
-                    self._commit_versions[(str(k), int(q))] = version
+        self._commit_versions = {(k, q): v for (k, q), v in decode_versions(data).items() if q in loaded.get(k, {})}
         self.local_changes = set()
         self._table = loaded
         self._updated_at.clear()

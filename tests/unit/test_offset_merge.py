@@ -135,6 +135,8 @@ def test_the_versions_survive_a_restart(tmp_path) -> None:  # type: ignore[no-un
     commit(again, 0, 2, lock_epoch=7)  # the clock did not move: the sequence still grows
     assert again.commit_version(G, T, 0) == (0, 7, 5_001)
     again.persist()
+    doc = again.encode()  # versions stay two numbers (what brokers before lock epochs read), the epoch beside them
+    assert doc["commitVersionTable"] == {KEY: {"0": [0, 5_001]}} and doc["commitLockEpochTable"] == {KEY: {"0": 7}}
     third = ConsumerOffsetManager(path, now_ms=clock)
     third.load()
     assert third.commit_version(G, T, 0) == (0, 7, 5_001)  # the lock epoch too
@@ -145,8 +147,9 @@ def test_decode_skips_malformed_entries_and_merge_tables_is_pure() -> None:
             "commitVersionTable": {KEY: {"0": [1, 9], "3": "bad"}}, "resetGenerationTable": {KEY: 1, "bad": -1}}
     table = decode_table(body)
     assert table.entries == {(KEY, 0): (1, (1, 0, 9))} and table.generations == {KEY: 1}
-    assert decode_table({"offsetTable": {KEY: {"0": 1}}, "commitVersionTable": {KEY: {"0": [1, 9, 4]}}}
-                        ).entries == {(KEY, 0): (1, (1, 4, 9))}  # [generation, sequence, lockEpoch]
+    with_epochs = {"offsetTable": {KEY: {"0": 1, "1": 2}}, "commitVersionTable": {KEY: {"0": [1, 9], "1": [0, 3]}},
+                   "commitLockEpochTable": {KEY: {"0": 4, "1": -1}}}
+    assert decode_table(with_epochs).entries == {(KEY, 0): (1, (1, 4, 9)), (KEY, 1): (2, (0, 0, 3))}
     local = {(KEY, 0): (5, CommitVersion(1, 0, 10)), (KEY, 1): (6, CommitVersion(0, 0, 3))}
     result = merge_tables(local, table.entries, {(KEY, 0), (KEY, 1)})
     assert result.adopted == [] and result.newer_here == [(KEY, 0), (KEY, 1)]

@@ -59,7 +59,6 @@ class CommitVersion(NamedTuple):
     sequence: int  # the hybrid logical clock of the queue's changes (wall ms, or one more than the last)
 
 
-
 def encode_versions(versions: Iterable[tuple[QueueKey, CommitVersion]]) -> dict[str, Any]:
     """``commitVersionTable`` and, when some lock epoch is not 0, ``commitLockEpochTable`` (the module docstring)."""
     table: dict[str, dict[str, list[int]]] = {}

@@ -270,11 +270,13 @@ class LoadProducer:
             return
         now = wall_ms()
         ids = result.msg_id.split(",") if len(items) > 1 else [result.msg_id]
+        offset_ids = result.offset_msg_id.split(",") if len(items) > 1 else [result.offset_msg_id]
         mq = result.message_queue
         self.record.write([
             {"topic": mq.topic, "broker": mq.broker_name, "queue_id": mq.queue_id,
              "queue_offset": result.queue_offset + j, "key": key, "seq": seq,
-             "msg_id": ids[j] if j < len(ids) else "", "send_time": sent_at, "ack_time": now,
+             "msg_id": ids[j] if j < len(ids) else "",
+             "offset_msg_id": offset_ids[j] if j < len(offset_ids) else "", "send_time": sent_at, "ack_time": now,
              # SEND_OK, or a stored-but-weaker answer (FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_DISK_TIMEOUT):
              # a SYNC_MASTER's failover may lose the latter (docs/OPERATIONS.md), so the checker must tell them apart
              "status": result.status.value}

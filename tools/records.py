@@ -6,12 +6,13 @@
 shorter than its header line). ``seq`` counts a key's messages from 0 in send order. :func:`encode_body`
 and :func:`decode_body` are the codec; any other body decodes to None.
 
-**Producer record** (``--record``): one JSON line per *acknowledged* message, written and flushed as its
-send returns: ``topic, broker, queue_id, queue_offset, key, seq, msg_id`` (the producer's unique key),
-``send_time`` and ``ack_time`` (wall-clock ms), ``status`` (the send's SendStatus: ``SEND_OK``, or
+**Producer record** (``--record``): one JSON line per *acknowledged* message, written and flushed as its send
+returns: ``topic, broker, queue_id, queue_offset, key, seq, msg_id`` (the producer's unique key),
+``offset_msg_id`` (the broker's offset message id: where the record is in its commit log), ``send_time`` and
+``ack_time`` (wall-clock ms), ``status`` (the send's SendStatus: ``SEND_OK``, or
 ``FLUSH_SLAVE_TIMEOUT``/``SLAVE_NOT_AVAILABLE``/``FLUSH_DISK_TIMEOUT`` for a message stored with a weaker
-promise). A message whose send failed is not recorded (it may still have been stored: a checker must
-tolerate extra, unrecorded messages).
+promise). A message whose send failed is not recorded (it may still have been stored: a checker must tolerate
+extra, unrecorded messages).
 
 **Consumer record** (``--record``): one JSON line per successfully consumed message: ``topic, broker,
 queue_id, queue_offset, keys, msg_id`` (unique key), ``offset_msg_id, reconsume_times, body_sha1,

@@ -23,7 +23,10 @@ of events, each followed by ``settle_s`` of calm:
   it learns of the newer master and rejoins as its slave, cutting the tail the new master never had. Judged as a
   broker crash whose "persisted" offsets are those the promoted master serves right after its promotion; the
   checker's "nothing acknowledged lost" is then SYNC_MASTER's promise: every acknowledged message was on the
-  slave.
+  slave. With ``ha_role="ASYNC_MASTER"`` (:data:`LONG_ASYNC`) the pair replicates asynchronously and the slave is
+  promoted as an ASYNC_MASTER: the tail its old master stored past what the slave had (the commit-log offset the
+  promotion answers) may be lost, and the checker allows exactly that (:class:`tests.e2e.checker.AsyncFailover`);
+  consumers that read that tail must be moved back onto the new log and skip nothing of it.
 
 Meanwhile a sampler thread reads every broker's committed offsets of the group (GET_CONSUME_STATS) and its
 fenced-update counter (GET_LOCK_TABLE) every ``sample_interval_s``. After the producer finished and every
@@ -60,7 +63,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.checker import BrokerCrash, Pause, Report, Stop, check, read_records
+from tests.e2e.checker import AsyncFailover, BrokerCrash, Pause, Report, Stop, async_tail, check, read_records
 
 __all__ = [
     "BROKER_SETTINGS",
@@ -136,11 +139,17 @@ class ChaosSettings:
     drain_timeout_s: float = 20.0  # after the producer finished, for the consumers to catch up
     sample_interval_s: float = 0.15
     overlap: bool = False  # events may overlap (see make_schedule)
+    ha_role: str = "SYNC_MASTER"  # broker-a's master, and what its promoted slave becomes (or ASYNC_MASTER)
+    #: ASYNC_MASTER: the slave is SIGKILLed this long before its master (and restarted on its store right after),
+    #: so the master acknowledges and serves a tail the slave never gets (on loopback it otherwise lags by ~ms,
+    #: and a SIGSTOPped slave still finds the tail in its socket buffer when it resumes)
+    async_lag_s: float = 0.5
 
 
 SHORT = ChaosSettings()
 LONG = ChaosSettings(consumer_kills=5, consumer_pauses=4, broker_kills=3, settle_s=2.0, jitter_s=4.0, rate=400.0,
                      keys=500, drain_timeout_s=60.0, overlap=True, master_kills=2)
+LONG_ASYNC = replace(LONG, ha_role="ASYNC_MASTER")
 
 
 @dataclass(frozen=True)
@@ -444,7 +453,7 @@ class _Cluster:
             addr_file.unlink()
         n = self._incarnations[broker]
         self._incarnations[broker] += 1
-        role = ("--role", "sync_master") if broker == HA_BROKER else ()
+        role = ("--role", self.settings.ha_role.lower()) if broker == HA_BROKER else ()
         p = self.start(f"{broker}.{n}", self._broker_argv(broker, self.store(broker), listen, *role),
                        _env(self._broker_settings(broker, self.store(broker))))
         self.brokers[broker] = p
@@ -480,18 +489,20 @@ class _Cluster:
             time.sleep(0.05)
         return addr_file.read_text().strip()
 
-    def promote(self, broker: str) -> str:
-        """HA: make ``broker``'s slave its master (trimq-admin broker promote); swap the bookkeeping; its address."""
-        done = subprocess.run([str(BIN / "trimq-admin"), "--namesrv", self.namesrv, "broker", "promote",
-                               "--broker-name", broker, "--broker-id", "1", "--role", "SYNC_MASTER"],
+    def promote(self, broker: str) -> tuple[str, int]:
+        """HA: make ``broker``'s slave its master (trimq-admin broker promote); swap the bookkeeping; its address
+        and the commit-log offset it writes from."""
+        done = subprocess.run([str(BIN / "trimq-admin"), "--namesrv", self.namesrv, "--json", "broker", "promote",
+                               "--broker-name", broker, "--broker-id", "1", "--role", self.settings.ha_role],
                               capture_output=True, text=True, env=_env({}), cwd=self.workdir, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"promotion of {broker} failed: {done.stderr}{done.stdout}")
+        kept = int(json.loads(done.stdout)["maxOffset"])
         new_master, new_store = self.slaves.pop(broker), self.slave_stores.pop(broker)
         self.slave_stores[broker], self.stores[broker] = self.stores[broker], new_store
         self.brokers[broker] = new_master
         self.broker_addr[broker] = addr = (new_store / "broker.addr").read_text().strip()
-        return addr
+        return addr, kept
 
     def wait_broker(self, broker: str, timeout: float = 30) -> str:
         p = self.brokers[broker]
@@ -592,6 +603,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
     stops: list[Stop] = []
     pauses: list[Pause] = []
     crashes: list[BrokerCrash] = []
+    async_failovers: list[AsyncFailover] = []
     problems: list[str] = []
     producer_status: int | None = None
     summary: dict[str, Any] = {}
@@ -689,15 +701,24 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
             elif e.kind == "kill_master":
                 b = e.target
                 if phase == "begin":
+                    lagging = settings.ha_role == "ASYNC_MASTER" and settings.async_lag_s > 0
+                    if lagging:
+                        cluster.slaves[b].kill()
+                        time.sleep(settings.async_lag_s)
                     with sampler.lock:
                         sampler.addrs[b] = None
                         sampler.incarnation[b] += 1
                         t = _wall_ms()
                         cluster.brokers[b].kill()
+                    if lagging:
+                        cluster.wait_addr(cluster.start_slave(b), cluster.slave_stores[b])
                     crashes.append(BrokerCrash(b, t, 0, {}))
-                    say(f"  {at_s:6.2f} s SIGKILL {b}'s master")
+                    say(f"  {at_s:6.2f} s SIGKILL {b}'s master"
+                        + (f" ({settings.async_lag_s} s after its slave's, restarted since)" if lagging else ""))
                 else:
-                    addr = cluster.promote(b)
+                    addr, kept = cluster.promote(b)
+                    if settings.ha_role == "ASYNC_MASTER":
+                        async_failovers.append(AsyncFailover(b, crashes[-1].time_ms, kept))
                     # What the promoted master serves (synced from the old master, plus what was committed to it
                     # meanwhile): the floor of the replays that follow, as a restarted broker's persisted offsets.
                     persisted = _served_offsets(addr, b)
@@ -717,7 +738,9 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
         if producer_status != 0:
             problems.append(f"producer exit status {producer_status}: {producer.log_text()[-2000:]}")
         # Only SEND_OK promises a message survives a failover (SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT may be lost).
-        acked = {r["msg_id"] for r in read_records([prod_rec])[0] if r.get("status", "SEND_OK") == "SEND_OK"}
+        # Nor does an ASYNC_MASTER's for what its promoted slave never had.
+        acked = {r["msg_id"] for r in read_records([prod_rec])[0]
+                 if r.get("status", "SEND_OK") == "SEND_OK" and not async_tail(r, async_failovers)}
         say(f"producer done ({len(acked)} acknowledged); waiting for the consumers")
         deadline = time.monotonic() + settings.drain_timeout_s
         while True:
@@ -749,13 +772,13 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
         finally:
             if sampler is not None:
                 sampler.stop()
-        _dump(wd, events, stops, pauses, crashes, sampler)
+        _dump(wd, events, stops, pauses, crashes, sampler, async_failovers)
 
     key_scope = [str(ev["client_id"]) for p in cluster.all_consumers if p.name.startswith(KEY_SCOPE_SLOT + ".")
                  if (ev := p.log_event("consumer.cli_started")) is not None]
     report = check([prod_rec], cluster.consumer_files, stops=stops, pauses=pauses, broker_crashes=crashes,
                    committed_samples=sampler.samples if sampler else None, topic=TOPIC, lease_ms=LEASE_MS,
-                   key_scope_clients=key_scope)
+                   key_scope_clients=key_scope, async_failovers=async_failovers)
     result = ChaosResult(seed, events, report, produced=report.produced, producer_status=producer_status,
                          producer_summary=summary, problems=problems, wall_s=time.monotonic() - t_begin,
                          workdir=str(wd))
@@ -774,7 +797,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
 
 
 def _dump(wd: Path, events: list[Event], stops: list[Stop], pauses: list[Pause], crashes: list[BrokerCrash],
-          sampler: _Sampler | None) -> None:
+          sampler: _Sampler | None, async_failovers: list[AsyncFailover]) -> None:
     """What the run did, for a post-mortem of a failed run (``chaos.json`` in the work directory)."""
     data = {
         "events": [e.__dict__ for e in events],
@@ -784,6 +807,7 @@ def _dump(wd: Path, events: list[Event], stops: list[Stop], pauses: list[Pause],
                            for c in crashes],
         "samples": {"/".join(map(str, q)): v for q, v in (sampler.samples if sampler else {}).items()},
         "fenced": {f"{b}#{n}": v for (b, n), v in (sampler.fenced if sampler else {}).items()},
+        "async_failovers": [f.__dict__ for f in async_failovers],
     }
     with contextlib.suppress(OSError):
         (wd / "chaos.json").write_text(json.dumps(data))
@@ -810,7 +834,8 @@ def rejudge(wd: Path) -> Report:
                     key_scope.append(str(ev["client_id"]))
     return check([wd / "producer.jsonl"], sorted(wd.glob("c*.jsonl")), stops=[Stop(**s) for s in data["stops"]],
                  pauses=[Pause(**p) for p in data["pauses"]], broker_crashes=crashes, committed_samples=samples,
-                 topic=TOPIC, lease_ms=LEASE_MS, key_scope_clients=key_scope)
+                 topic=TOPIC, lease_ms=LEASE_MS, key_scope_clients=key_scope,
+                 async_failovers=[AsyncFailover(**f) for f in data.get("async_failovers", [])])
 
 
 def _recovery_times(files: list[Path], crashes: list[BrokerCrash], settings: ChaosSettings
@@ -843,6 +868,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run one seeded trimq chaos scenario.")
     ap.add_argument("--seed", type=int, default=int(os.environ.get("TRIMQ_CHAOS_SEED", "1")))
     ap.add_argument("--long", action="store_true", help="the long schedule (make chaos)")
+    ap.add_argument("--async-master", action="store_true",
+                    help="broker-a's pair replicates asynchronously (ASYNC_MASTER; the long schedule: LONG_ASYNC)")
     ap.add_argument("--keep", type=Path, help="work directory to keep (default: a temporary one, removed if OK)")
     ap.add_argument("--schedule", action="store_true", help="print the schedule and exit")
     ap.add_argument("--rejudge", type=Path, metavar="DIR", help="judge a kept work directory again and exit")
@@ -852,6 +879,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report.text())
         return 0 if report.ok else 1
     settings = LONG if args.long else SHORT
+    if args.async_master:
+        settings = replace(settings, ha_role="ASYNC_MASTER")
     if args.schedule:
         for e in make_schedule(args.seed, settings):
             print(e)

@@ -7,6 +7,9 @@ broker restarts, judged from record files (tests/chaos/scenario.py, docs/CHAOS.m
   One consumer of the three (slot ``c3``) runs with ``order_scope="key"`` (issue 17).
 * ``test_chaos_long`` (``make chaos``: ``pytest tests/chaos --chaos-long``): a dozen overlapping events per
   seed, for several seeds (``TRIMQ_CHAOS_SEEDS``).
+* ``test_chaos_long_async`` (``make chaos`` too): the same schedules with broker-a's pair an ASYNC_MASTER and its
+  slave (``TRIMQ_CHAOS_ASYNC_SEEDS``): a promotion may lose the tail the slave never had, exactly that, and a
+  consumer that read it is moved back onto the promoted log without skipping anything there.
 
 Every run asserts the checker's verdict (tests/e2e/checker.py): nothing acknowledged lost, per-key order
 except replays after crashes, pauses and broker restarts, no replay below the committed offset, committed
@@ -22,10 +25,11 @@ import os
 
 import pytest
 
-from .scenario import LONG, SHORT, ChaosResult, run_scenario
+from .scenario import LONG, LONG_ASYNC, SHORT, ChaosResult, run_scenario
 
 DEFAULT_SEED = 1
 LONG_SEEDS = [int(s) for s in os.environ.get("TRIMQ_CHAOS_SEEDS", "11,12,13").split(",") if s.strip()]
+ASYNC_SEEDS = [int(s) for s in os.environ.get("TRIMQ_CHAOS_ASYNC_SEEDS", "11,12,13").split(",") if s.strip()]
 
 pytestmark = pytest.mark.slow
 
@@ -53,3 +57,10 @@ def test_chaos_long(seed: int, request: pytest.FixtureRequest) -> None:
     if not request.config.getoption("--chaos-long", default=False):
         pytest.skip("long chaos schedules run with --chaos-long (make chaos)")
     verdict(run_scenario(seed, LONG))
+
+
+@pytest.mark.parametrize("seed", ASYNC_SEEDS)
+def test_chaos_long_async(seed: int, request: pytest.FixtureRequest) -> None:
+    if not request.config.getoption("--chaos-long", default=False):
+        pytest.skip("long chaos schedules run with --chaos-long (make chaos)")
+    verdict(run_scenario(seed, LONG_ASYNC))

@@ -42,6 +42,10 @@ their ``consume_time``, ties kept in file order):
   reused the offset), it is left out of "produced" (counted in ``unsafe_lost``; consumed copies of it count as
   unacknowledged). A SEND_OK message whose offset a later message took is a violation (an acknowledged message
   was cut).
+* :class:`AsyncFailover`: an ASYNC_MASTER's SEND_OK promises nothing about its slave, so a promotion after its
+  master was SIGKILLed may lose the tail the slave never had (docs/OPERATIONS.md). A SEND_OK message of that
+  broker acknowledged before the kill and stored at or past the commit-log offset the promoted slave wrote from
+  (``offset_msg_id`` in the producer record) is unsafe as above; every other one must survive.
 
 Extras for the chaos suite (tests/chaos/; all optional, the rules above are unchanged without them):
 
@@ -104,6 +108,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trimq.protocol.record import parse_message_id
+
 Queue = tuple[str, str, int]
 
 __all__ = ["BrokerCrash", "Pause", "Report", "Stop", "Takeover", "check", "client_id_of", "read_records"]
@@ -140,6 +146,31 @@ class BrokerCrash:
     time_ms: int
     restart_ms: int
     persisted: Mapping[Queue, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AsyncFailover:
+    """``broker``'s ASYNC_MASTER SIGKILLed at ``kill_ms``; its slave, promoted, writes from commit-log offset
+    ``kept``: what its old master stored from there on is gone."""
+
+    broker: str
+    kill_ms: int
+    kept: int
+
+
+def async_tail(record: Mapping[str, Any], failovers: Iterable[AsyncFailover]) -> bool:
+    """Whether a producer record is in the tail an ASYNC failover may have lost (module documentation)."""
+    offset_id = record.get("offset_msg_id") or ""
+    for f in failovers:
+        if record["broker"] != f.broker or int(record["ack_time"]) > f.kill_ms:
+            continue
+        try:
+            _, offset = parse_message_id(offset_id)
+        except ValueError:
+            return True  # no position known: it may be in the tail
+        if offset >= f.kept:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -209,7 +240,8 @@ class Report:
             f"consumed: {self.consumed_records} records, {self.consumed_distinct} distinct acknowledged messages"
             + (f", {self.consumed_unacknowledged} unacknowledged" if self.consumed_unacknowledged else ""),
             f"missing: {len(self.missing)}",
-            *([f"acknowledged without SEND_OK: {self.unsafe_acked} (lost, as allowed: {self.unsafe_lost})"]
+            *([f"acknowledged without SEND_OK or in an ASYNC failover's tail: {self.unsafe_acked} (lost, as allowed: "
+               f"{self.unsafe_lost})"]
               if self.unsafe_acked else []),
             f"duplicates: {self.duplicates} (replayed after crashes: {self.replayed}, in {len(self.replays)} replays)",
         ]
@@ -284,6 +316,7 @@ def check(
     broker_replay_window_ms: int = 20_000,
     lease_ms: int | None = None,
     key_scope_clients: Iterable[str] = (),
+    async_failovers: Iterable[AsyncFailover] = (),
 ) -> Report:
     """Judge the record files; see the module documentation for the rules."""
     key_scope = set(key_scope_clients)
@@ -301,9 +334,10 @@ def check(
     produced: dict[str, dict[str, Any]] = {}
     acked_offsets: dict[Queue, list[int]] = defaultdict(list)
     key_seqs: dict[str, list[int]] = defaultdict(list)
+    failovers = list(async_failovers)
     for r in _safe_records([r for recs in read_records(producer_files) for r in recs
                             if topic is None or r["topic"] == topic],
-                           {c["msg_id"] for recs in consumer_recs for c in recs}, report):
+                           {c["msg_id"] for recs in consumer_recs for c in recs}, report, failovers):
         produced[r["msg_id"]] = r
         acked_offsets[_queue(r)].append(int(r["queue_offset"]))
         key_seqs[r["key"]].append(int(r["seq"]))
@@ -396,9 +430,13 @@ def check(
     return report
 
 
-def _safe_records(recs: list[dict[str, Any]], consumed_ids: set[str], report: Report) -> list[dict[str, Any]]:
-    """The producer records to judge: all but the unsafe ones (not SEND_OK) that were lost (module documentation);
-    a SEND_OK record whose queue offset a later acknowledged message took is a violation (and left out too)."""
+def _safe_records(recs: list[dict[str, Any]], consumed_ids: set[str], report: Report,
+                  failovers: Sequence[AsyncFailover] = ()) -> list[dict[str, Any]]:
+    """The producer records to judge: all but the unsafe ones (not SEND_OK, or in an ASYNC failover's lost tail)
+    that were lost (module documentation); a SEND_OK record whose queue offset a later acknowledged message took is
+    a violation (and left out too)."""
+    if failovers:
+        recs = [{**r, "status": "ASYNC_TAIL"} if async_tail(r, failovers) else r for r in recs]
     at: dict[tuple[Queue, int], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         at[(_queue(r), int(r["queue_offset"]))].append(r)

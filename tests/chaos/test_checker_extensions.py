@@ -257,3 +257,34 @@ def test_a_consumer_resuming_its_queue_after_a_broker_restart_in_its_pause_is_it
     # a broker restart after SIGCONT does not count
     r = run(tmp_path, 6, *parts, pauses=[Pause("A", 100, 300)], broker_crashes=[BrokerCrash("b", 310, 315, {Q: 4})])
     assert [(t.ms, t.resumed) for t in r.takeovers] == [(None, False)]
+
+
+def test_an_async_failover_may_lose_the_tail_past_what_the_slave_had_and_nothing_else(tmp_path: Path) -> None:
+    # b's ASYNC master stored m0..m5 at commit-log offsets 0, 100, ..., 500 and was killed at 50 after
+    # acknowledging them all; its slave had 0..299 (kept = 300). m3..m5 went with the master; the promoted
+    # slave gave queue offsets 3.. to m6, m7. A consumer read m0..m4 from the old master, then was moved back
+    # (PULL_OFFSET_MOVED, or the committed offset the promotion clamped): a replay from the new master's floor.
+    from tests.e2e.checker import AsyncFailover
+    from trimq.protocol.record import message_id
+
+    recs = produced(8)
+    for i, r in enumerate(recs):
+        r["offset_msg_id"] = message_id(("127.0.0.1", 10911), i * 100 if i < 6 else 300 + (i - 6) * 100)
+        r["ack_time"] = 40 if i < 6 else 60
+        if i >= 6:
+            r["queue_offset"] = i - 3
+    write(tmp_path / "p.jsonl", recs)
+    moved_back = [{**c, "queue_offset": o - 3 if o >= 6 else o} for c, o in
+                  zip(consumed([6, 7], "A", 70), [6, 7], strict=True)]
+    c = write(tmp_path / "c.jsonl", consumed([0, 1, 2, 3, 4], "A", 10) + moved_back)
+    failover = [AsyncFailover("b", 50, 300)]
+    crash = [BrokerCrash("b", 50, 55, {Q: 3})]  # the promoted master serves offset 3 (clamped to its queue's end)
+    r = check([tmp_path / "p.jsonl"], [c], async_failovers=failover, broker_crashes=crash)
+    assert r.ok, r.text()
+    assert (r.unsafe_acked, r.unsafe_lost, r.produced) == (3, 3, 5)
+    # without the failover, the same history is a loss of acknowledged messages
+    assert not check([tmp_path / "p.jsonl"], [c], broker_crashes=crash).ok
+    # and a message the slave had (m2, below kept) must still be consumed
+    c2 = write(tmp_path / "c2.jsonl", consumed([0, 1], "A", 10) + moved_back)
+    r2 = check([tmp_path / "p.jsonl"], [c2], async_failovers=failover, broker_crashes=crash)
+    assert [m["msg_id"] for m in r2.missing] == ["m2"], r2.text()

@@ -64,22 +64,46 @@ async def run_broker(factory: Callable[..., Any], settings: dict[str, Any], stop
         stopped.set()
 
 
+class Pair:
+    """A master (on a store of its own, so it can stop and come back) and its slave, in ``nursery``."""
+
+    def __init__(self, nursery: trio.Nursery, factory: Callable[..., Any], namesrv_addr: str, tmp_path: Any) -> None:
+        self.nursery, self.factory = nursery, factory
+        self.common = {"namesrv_addr": namesrv_addr, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
+        self.master_settings = {"store_dir": str(tmp_path / "master"), **self.common}
+
+    async def start(self) -> tuple[Broker, Broker]:
+        self.stop_master, self.master_stopped = trio.Event(), trio.Event()
+        master: Broker = await self.nursery.start(run_broker, self.factory, self.master_settings, self.stop_master,
+                                                  self.master_stopped)
+        slave: Broker = await self.nursery.start(run_broker, self.factory,
+                                                 {"broker_role": "SLAVE", "broker_id": 1, **self.common}, trio.Event())
+        await until(lambda: slave.ha_controller.client.connected, "the slave following its master")
+        self.slave = slave
+        return master, slave
+
+    async def stop(self) -> None:
+        """The master goes away; the slave notices."""
+        self.stop_master.set()
+        await self.master_stopped.wait()
+        await until(lambda: not self.slave.ha_controller.client.connected, "the slave noticing")
+
+    async def restart(self) -> Broker:
+        """The master comes back on its store (and runs to the end of the test)."""
+        master: Broker = await self.nursery.start(run_broker, self.factory, self.master_settings, trio.Event())
+        return master
+
+
 async def test_offsets_committed_on_the_slave_survive_the_masters_return(
         broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
         tmp_path: Any) -> None:
     async with namesrv_factory() as ns, trio.open_nursery() as nursery:
-        common = {"namesrv_addr": ns.address, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
-        master_settings = {"store_dir": str(tmp_path / "master"), **common}
-        stop_master, master_stopped = trio.Event(), trio.Event()
-        master: Broker = await nursery.start(run_broker, broker_factory, master_settings, stop_master,
-                                             master_stopped)
-        slave: Broker = await nursery.start(run_broker, broker_factory,
-                                            {"broker_role": "SLAVE", "broker_id": 1, **common}, trio.Event())
+        pair = Pair(nursery, broker_factory, ns.address, tmp_path)
+        master, slave = await pair.start()
         for i in range(4):
             assert (await send(rclient, master.address, "T", i % 2, b"m%d" % i)).code == ResponseCode.SUCCESS
         await commit(rclient, master.address, 0, 1)
         await commit(rclient, master.address, 1, 1)
-        await until(lambda: slave.ha_controller.client.connected, "the slave following its master")
         assert await slave.ha_controller.sync.sync_all(rclient)
         assert slave.offset_manager.query_offset("cg", "T", 1) == 1
         await commit(rclient, master.address, 1, 5)  # after the last sync: the slave never sees this one
@@ -87,9 +111,7 @@ async def test_offsets_committed_on_the_slave_survive_the_masters_return(
         await until(lambda: slave.store.get_max_offset_in_queue("Late", 0) == 1, "the late topic replicated")
         assert slave.topic_config_manager.get("Late") is None  # created after the last sync
         # the master goes away; its consumers read from the slave and commit there
-        stop_master.set()
-        await master_stopped.wait()
-        await until(lambda: not slave.ha_controller.client.connected, "the slave noticing")
+        await pair.stop()
         # the slave serves the topic its master created after the last sync
         pull = {"consumerGroup": "cg", "topic": "Late", "queueId": 0, "queueOffset": 0, "maxMsgNums": 32,
                 "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0}
@@ -98,7 +120,7 @@ async def test_offsets_committed_on_the_slave_survive_the_masters_return(
         await commit(rclient, slave.address, 0, 2)
         await commit(rclient, slave.address, 1, 3)  # newer than the master's 5, though smaller
         # the master returns on its store: the slave reconnects, merges and hands over what was committed to it
-        master = await nursery.start(run_broker, broker_factory, master_settings, trio.Event())
+        master = await pair.restart()
         assert master.offset_manager.query_offset("cg", "T", 1) == 5  # (its own table, as it stopped)
         await until(lambda: slave.ha_controller.sync.pushed_offsets >= 2, "the slave handing its offsets over")
         assert [await query(rclient, master.address, q) for q in (0, 1)] == [2, 3]
@@ -124,32 +146,24 @@ async def test_a_commit_under_an_older_lock_grant_never_rewinds_a_queue_across_i
     async with namesrv_factory() as ns, trio.open_nursery() as nursery, \
             RemotingClient(default_timeout_s=10) as rc_a, RemotingClient(default_timeout_s=10) as rc_b:
         a, b = MQClientAPI(rc_a, timeout_ms=10_000), MQClientAPI(rc_b, timeout_ms=10_000)
-        common = {"namesrv_addr": ns.address, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
-        master_settings = {"store_dir": str(tmp_path / "master"), **common}
-        stop_master, master_stopped = trio.Event(), trio.Event()
-        master: Broker = await nursery.start(run_broker, broker_factory, master_settings, stop_master,
-                                             master_stopped)
-        slave: Broker = await nursery.start(run_broker, broker_factory,
-                                            {"broker_role": "SLAVE", "broker_id": 1, **common}, trio.Event())
+        pair = Pair(nursery, broker_factory, ns.address, tmp_path)
+        master, slave = await pair.start()
         for api, cid in ((a, "a"), (b, "b")):
             await api.heartbeat(master.address, HeartbeatData(cid, [], [ConsumerData(
                 "cg", "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_FIRST_OFFSET", True, [sub])]))
         e1 = (await a.lock_batch_mq_lease(master.address, "cg", "a", [q0])).epochs[q0]
         await a.update_consumer_offset(master.address, "cg", q0, 10, "a", lock_epoch=e1)
-        await until(lambda: slave.ha_controller.client.connected, "the slave following its master")
         assert await slave.ha_controller.sync.sync_all(rclient)
         # "a" is cut off; "b" takes the queue over under a newer grant and commits after the slave's last sync
         await a.unlock_batch_mq(master.address, "cg", "a", [q0])
         e2 = (await b.lock_batch_mq_lease(master.address, "cg", "b", [q0])).epochs[q0]
         assert e2 > e1
         await b.update_consumer_offset(master.address, "cg", q0, 20, "b", lock_epoch=e2)
-        stop_master.set()
-        await master_stopped.wait()
-        await until(lambda: not slave.ha_controller.client.connected, "the slave noticing")
+        await pair.stop()
         # "a" wakes up while the master is away and commits what it had, under its old epoch, to the slave
         await a.update_consumer_offset(slave.address, "cg", q0, 12, "a", lock_epoch=e1)
         assert await query(rclient, slave.address, 0) == 12  # it knows no newer grant than e1
-        master = await nursery.start(run_broker, broker_factory, master_settings, trio.Event())
+        master = await pair.restart()
         await until(lambda: slave.ha_controller.client.connected, "the slave following the returned master")
         assert await slave.ha_controller.sync.sync_all(rclient)  # (it also syncs on reconnecting)
         assert await query(rclient, master.address, 0) == 20  # b's commit stands

@@ -81,7 +81,7 @@ def test_producer_record_format_and_orderly_routing(procs: Procs, tmp_path: Path
     lines = read_jsonl(rec)
     assert len(lines) == 60
     assert set(lines[0]) == {"topic", "broker", "queue_id", "queue_offset", "key", "seq", "msg_id", "send_time",
-                             "ack_time", "status"}
+                             "ack_time", "status", "offset_msg_id"}
     assert {r["status"] for r in lines} == {"SEND_OK"}
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in lines:

@@ -16,7 +16,7 @@ from typing import Any
 
 from trimq.protocol.route import MASTER_ID, BrokerData, QueueData, TopicRouteData
 
-__all__ = ["BROKER_CHANNEL_EXPIRED_MS", "BrokerLiveInfo", "RouteInfoManager"]
+__all__ = ["BROKER_CHANNEL_EXPIRED_MS", "BrokerLiveInfo", "NewestMaster", "RouteInfoManager"]
 
 BROKER_CHANNEL_EXPIRED_MS = 120_000
 
@@ -34,6 +34,16 @@ class BrokerLiveInfo:
     master_epoch: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class NewestMaster:
+    """HA: the master of a broker name with the newest master epoch this name server has seen register, kept after
+    it goes away (a stale master must not take its place while it is down: see ``superseding_master``)."""
+
+    broker_addr: str
+    ha_server_addr: str
+    master_epoch: int
+
+
 class RouteInfoManager:
     """Brokers, clusters and topic routes, with liveness by last registration time."""
 
@@ -43,6 +53,8 @@ class RouteInfoManager:
         self.broker_addr_table: dict[str, BrokerData] = {}
         self.cluster_addr_table: dict[str, set[str]] = {}
         self.broker_live_table: dict[str, BrokerLiveInfo] = {}
+        #: HA: per broker name, its newest master (while this name server runs; not dropped with the broker).
+        self.newest_master: dict[str, NewestMaster] = {}
 
     # -- registration -----------------------------------------------------------------------------------
     def register_broker(
@@ -97,20 +109,24 @@ class RouteInfoManager:
                 self.topic_queue_table.setdefault(topic, {})[broker_name] = qd
         self.broker_live_table[broker_addr] = BrokerLiveInfo(now_ms, channel, cluster, broker_name, broker_id,
                                                              data_version, ha_server_addr, master_epoch)
+        if broker_id == MASTER_ID:
+            newest = self.newest_master.get(broker_name)
+            if newest is None or master_epoch >= newest.master_epoch:
+                self.newest_master[broker_name] = NewestMaster(broker_addr, ha_server_addr, master_epoch)
         return first
 
-    def superseding_master(self, broker_name: str, broker_addr: str, master_epoch: int) -> BrokerLiveInfo | None:
-        """HA (issue 15): the live master of ``broker_name`` at another address with a newer master epoch than a
-        broker at ``broker_addr`` that registers as master with ``master_epoch`` (it was superseded by a
-        promotion: it must not take the master's place back, it becomes that master's slave); else None."""
-        bd = self.broker_addr_table.get(broker_name)
-        current = bd.broker_addrs.get(MASTER_ID) if bd is not None else None
-        if current is None or current == broker_addr:
+    def superseding_master(self, broker_name: str, broker_addr: str, master_epoch: int) -> NewestMaster | None:
+        """HA (issue 15): the master of ``broker_name`` at another address with a newer master epoch than a broker
+        at ``broker_addr`` that registers as master with ``master_epoch`` (it was superseded by a promotion: it must
+        not take the master's place back, it becomes that master's slave); else None.
+
+        That master need not be live: a promoted master that is down (killed, restarting) still holds messages
+        it acknowledged that the stale one never had, so the stale one waits as its slave rather than serve a log
+        that would be cut when it returns (an operator who has given it up promotes the waiting slave)."""
+        newest = self.newest_master.get(broker_name)
+        if newest is None or newest.broker_addr == broker_addr or newest.master_epoch <= master_epoch:
             return None
-        live = self.broker_live_table.get(current)
-        if live is None or live.master_epoch <= master_epoch:
-            return None
-        return live
+        return newest
 
     def master_of(self, broker_name: str) -> tuple[str, BrokerLiveInfo | None]:
         """The master address of ``broker_name`` ("" when none) and what it registered."""

@@ -125,10 +125,11 @@ class NameServer:
         if newer is not None:
             # HA (issue 15): a master superseded by a promotion comes back; it is told who the master is (it
             # becomes its slave and registers again as one) and does not take the route back.
-            master, _ = self.routes.master_of(name)
+            live = newer.broker_addr in self.routes.broker_live_table
             log.warning("namesrv.superseded_master", broker_addr=addr, broker_name=name, master_epoch=epoch,
-                        master=master, newer_master_epoch=newer.master_epoch)
-            return RemotingCommand.response_to(cmd, ext={"masterAddr": master, "haServerAddr": newer.ha_server_addr,
+                        master=newer.broker_addr, newer_master_epoch=newer.master_epoch, newer_master_live=live)
+            return RemotingCommand.response_to(cmd, ext={"masterAddr": newer.broker_addr,
+                                                         "haServerAddr": newer.ha_server_addr,
                                                          "masterEpoch": newer.master_epoch})
         try:
             first = self.routes.register_broker(
@@ -142,9 +143,12 @@ class NameServer:
             log.info("namesrv.broker_registered", broker_addr=addr, broker_name=name, cluster=cluster,
                      broker_id=bid, topics=len(table), remote=conn.remote)
         master, live = self.routes.master_of(name)
+        newest = self.routes.newest_master.get(name)
+        # with no live master, the newest epoch still tells a slave what a promotion must go above
+        epoch = live.master_epoch if live is not None else newest.master_epoch if newest is not None else 0
         return RemotingCommand.response_to(cmd, ext={
             "masterAddr": master, "haServerAddr": live.ha_server_addr if live is not None else "",
-            "masterEpoch": live.master_epoch if live is not None else 0})
+            "masterEpoch": epoch})
 
     async def unregister_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         addr, name, cluster, bid = self._broker_fields(cmd.ext)

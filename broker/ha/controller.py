@@ -90,6 +90,8 @@ class OffsetTable(SyncedOffsets, Protocol):
 
     def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
 
+    def merge_entry(self, key: str, queue_id: int, offset: int, version: CommitVersion) -> None: ...
+
 
 class HAController:
     """See the module docstring. ``epoch_store`` is the coordination service's broker epoch file."""
@@ -114,6 +116,9 @@ class HAController:
         #: The master's addresses learned from the name server's registration answer (or the HA handshake).
         self.learned_master_addr = ""
         self.learned_master_ha_addr = ""
+        #: the newest master epoch a name server named for this broker name (a promotion goes above it, even when
+        #: that master never reached this broker)
+        self.learned_master_epoch = 0
         #: Called after every role change (the register service re-registers at once).
         self.listeners: list[Callable[[], None]] = []
         host = parse_address(config.listen)[0]
@@ -128,7 +133,12 @@ class HAController:
                                housekeeping_interval_ms=config.ha_housekeeping_interval,
                                on_master=self._on_master)
         self.client.on_master_lost = self._on_master_lost
-        self.sync = SlaveSynchronize(master_addr=self.master_addr, topics=topics, groups=groups, offsets=offsets,
+        self.client.on_cut = self._offsets_after_cut
+        #: A demoted master's committed offsets may point into a tail its new master never had, until the first
+        #: handshake cut it (``_offsets_after_cut``): no metadata sync hands them over before that (nor a slave's
+        #: before its first handshake after a start).
+        self._uncut_since_demotion = False
+        self.sync = SlaveSynchronize(master_addr=self._sync_master_addr, topics=topics, groups=groups, offsets=offsets,
                                      schedule=schedule, interval_ms=config.slave_synchronize_interval_ms,
                                      merge_offsets=merge_offsets)
         self.promotions = 0
@@ -170,6 +180,9 @@ class HAController:
             return ack.master_addr
         return self.learned_master_addr or (ack.master_addr if ack is not None else "")
 
+    def _sync_master_addr(self) -> str:
+        return "" if self._uncut_since_demotion else self.master_addr()
+
     def _slave_reason(self) -> str:
         master = self.master_addr() or self.master_ha_address() or "unknown"
         return (f"this broker is a SLAVE (brokerId {self.broker_id}) of {self.config.broker_name}: sends go to its "
@@ -210,6 +223,8 @@ class HAController:
             self.state.begin_epoch(1, 0)  # the first master of this store writes epoch 1 from the start
             self.state.broker_role, self.state.broker_id = self.role, self.broker_id
             await trio.to_thread.run_sync(self.state.save)
+        # a slave's store may hold a tail its master never had (a demoted master that stopped before the cut)
+        self._uncut_since_demotion = not self.is_master
         self._apply_role()
         log.info("ha.role", role=self.role, broker_id=self.broker_id, master_epoch=self.master_epoch,
                  ha_port=self.config.ha_port)
@@ -266,7 +281,8 @@ class HAController:
         if writer.reput_offset < cl.max_offset:  # a record only partly received: the new master never had it
             await writer.cut(writer.reput_offset)
         known = self.client.master
-        epoch = max(self.state.master_epoch, known.master_epoch if known is not None else 0) + 1
+        epoch = max(self.state.master_epoch, known.master_epoch if known is not None else 0,
+                    self.learned_master_epoch) + 1
         self.state.begin_epoch(epoch, cl.max_offset)
         self.state.broker_role, self.state.broker_id = role, MASTER_ID
         await trio.to_thread.run_sync(self.state.save)
@@ -307,17 +323,33 @@ class HAController:
         """Committed offsets past the end of a queue here (synced from the old master, covering records that never
         reached this log) go back to that end: the queue's next messages take those offsets, and a consumer
         starting from the stored offset would skip them."""
-        store, offsets = self.store, self.offsets
-        for (key, queue_id), (offset, _version) in offsets.entries().items():
+        for group, topic, queue_id, offset, end, _version in self._offsets_past_the_end():
+            self.offsets.reset_offset(group, topic, queue_id, end)
+            log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
+                        why="past the queue's end in the promoted log")
+
+    def _offsets_after_cut(self) -> None:
+        """A demoted master's log lost the tail its successor never had: offsets its consumers committed into that
+        tail go back to the queues' new ends. Their versions stay (they were made under the old master), so a newer
+        commit on the new master wins the merge; otherwise this broker would hand the new master an offset that
+        skips the new master's own records at those queue offsets (chaos long ASYNC seed 13)."""
+        for group, topic, queue_id, offset, end, version in self._offsets_past_the_end():
+            self.offsets.merge_entry(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", queue_id, end, version)
+            log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
+                        why="past the queue's end after the cut of this broker's tail")
+
+    def _offsets_past_the_end(self) -> list[tuple[str, str, int, int, int, CommitVersion]]:
+        store, out = self.store, []
+        for (key, queue_id), (offset, version) in self.offsets.entries().items():
             topic, _, group = key.partition(TOPIC_GROUP_SEPARATOR)
             end = store.get_max_offset_in_queue(topic, queue_id)
             if offset > end:
-                offsets.reset_offset(group, topic, queue_id, end)
-                log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
-                            why="past the queue's end in the promoted log")
+                out.append((group, topic, queue_id, offset, end, version))
+        return out
 
     async def _become_slave(self, master_addr: str, master_ha_addr: str) -> None:
         old_role = self.role
+        self._uncut_since_demotion = old_role != SLAVE
         self.role = SLAVE
         self.broker_id = self.config.broker_id if self.config.broker_role == SLAVE else 1
         self.learned_master_addr, self.learned_master_ha_addr = master_addr, master_ha_addr
@@ -342,6 +374,7 @@ class HAController:
         epoch = ext.get("masterEpoch", 0)
         epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
         own = self._own_addr()
+        self.learned_master_epoch = max(self.learned_master_epoch, epoch)
         if self.is_master:
             if master and master != own and epoch > self.master_epoch and self._transition is None:
                 log.warning("ha.superseded", master=master, master_epoch=epoch, own_master_epoch=self.master_epoch)
@@ -354,6 +387,7 @@ class HAController:
             self.client.address_changed()
 
     def _on_master(self, ack: HelloAck) -> None:
+        self._uncut_since_demotion = False  # the handshake cut what the master never had (before this call)
         if not self.learned_master_addr and ack.master_addr:
             self.store.not_writable_reason = self._slave_reason()
         self.sync.wake()  # (re)connected: merge offsets both ways now, not up to 10 s later

@@ -173,6 +173,12 @@ async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
     from trimq.client.admin import open_admin
 
     a_dir, b_dir = str(tmp_path / "a"), str(tmp_path / "b")
+
+    async def commit_u(broker: Broker, offset: int) -> None:
+        r = await call(rclient, broker.address, RC.UPDATE_CONSUMER_OFFSET,
+                       {"consumerGroup": "cg", "topic": "U", "queueId": 0, "commitOffset": offset})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+
     async with namesrv_factory() as ns:
         common = {"namesrv_addr": ns.address, "broker_name": "broker-a"}
         slave_cfg = {**common, "store_dir": b_dir, "broker_role": "SLAVE", "broker_id": 1}
@@ -181,11 +187,19 @@ async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
             async with broker_factory(**slave_cfg) as b:
                 for i in range(10):
                     assert (await send(rclient, a.address, "T", i % 2, b"both%d" % i)).code == ResponseCode.SUCCESS
+                for i in range(2):
+                    assert (await send(rclient, a.address, "U", 0, b"u%d" % i)).code == ResponseCode.SUCCESS
+                await commit_u(a, 1)
                 await caught_up(a, b)
+                assert await b.ha_controller.sync.sync_all(rclient)  # the slave knows U's offset 1
                 promoted_at = b.store.commitlog.max_offset
-            # 2. the slave is gone; the master writes a tail the slave never gets, then dies
+            # 2. the slave is gone; the master writes a tail the slave never gets, then dies. A consumer of U
+            # consumed into that tail and committed there (a newer commit than the slave synced).
             for i in range(5):
                 assert (await send(rclient, a.address, "T", 0, b"tail%d" % i)).code == ResponseCode.SUCCESS
+            for i in range(3):
+                assert (await send(rclient, a.address, "U", 0, b"utail%d" % i)).code == ResponseCode.SUCCESS
+            await commit_u(a, 5)
             old_end = a.store.commitlog.max_offset
             old_broker_epoch = a.lock_manager.broker_epoch
         assert old_end > promoted_at
@@ -227,6 +241,14 @@ async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
                 assert a.ha_controller.state.history == [(1, 0), (2, promoted_at)]
                 r = await send(rclient, a.address, "T", 0, b"refused")
                 assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and b.address in (r.remark or "")
+                # U's offset 5 pointed into the cut tail: moved back to U's end in the new log (2), and what the old
+                # master hands its new master never skips the new master's messages at U's offsets 2..4 (chaos long
+                # ASYNC seed 13: the old commit, newer than the synced one, was handed over and adopted)
+                assert a.offset_manager.query_offset("cg", "U", 0) == 2
+                for i in range(3):
+                    assert (await send(rclient, b.address, "U", 0, b"unew%d" % i)).code == ResponseCode.SUCCESS
+                assert await a.ha_controller.sync.sync_all(rclient)
+                assert b.offset_manager.query_offset("cg", "U", 0) == 2
                 assert ns.routes.master_of("broker-a")[0] == b.address
                 # no unit of the cut tail is left: the old master's queue 0 reads what the new master has
                 pull = {"consumerGroup": "cg", "topic": "T", "queueId": 0, "queueOffset": 0, "maxMsgNums": 32,

@@ -176,6 +176,54 @@ async def test_a_commit_under_an_older_lock_grant_never_rewinds_a_queue_across_i
         nursery.cancel_scope.cancel()
 
 
+async def test_an_old_master_returning_while_its_promoted_slave_is_down_waits_as_that_ones_slave(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
+        tmp_path: Any) -> None:
+    """Chaos long ASYNC seed 11: the promoted master was killed right after its promotion, the old master came back
+    on its store, found no live master to defer to, took the route and acknowledged sends; the promoted master's
+    return cut them. The name server remembers the newest master: the old one waits as its slave, refusing sends,
+    and follows it when it returns, losing nothing either acknowledged."""
+    from trimq.client.admin import open_admin
+
+    async with namesrv_factory() as ns, trio.open_nursery() as nursery:
+        common = {"namesrv_addr": ns.address, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
+        a_cfg = {"store_dir": str(tmp_path / "a"), **common}
+        b_cfg = {"store_dir": str(tmp_path / "b"), "broker_role": "SLAVE", "broker_id": 1, **common}
+        stop_a, a_stopped = trio.Event(), trio.Event()
+        a: Broker = await nursery.start(run_broker, broker_factory, a_cfg, stop_a, a_stopped)
+        stop_b, b_stopped = trio.Event(), trio.Event()
+        b: Broker = await nursery.start(run_broker, broker_factory, b_cfg, stop_b, b_stopped)
+        for i in range(3):
+            assert (await send(rclient, a.address, "T", 0, b"m%d" % i)).code == ResponseCode.SUCCESS
+        await until(lambda: b.store.commitlog.max_offset == a.store.commitlog.max_offset, "the slave caught up")
+        stop_a.set()
+        await a_stopped.wait()
+        async with open_admin(ns.address) as admin:
+            assert (await admin.broker_promote("broker-a", 1)).master_epoch == 2
+        r = await send(rclient, b.address, "T", 0, b"acked-by-the-promoted-master")
+        assert r.code == ResponseCode.SUCCESS and r.ext["queueOffset"] == 3, r.remark
+        await until(lambda: ns.routes.master_of("broker-a")[0] == b.address, "the promoted master registered")
+        stop_b.set()  # the promoted master goes down too
+        await b_stopped.wait()
+        await until(lambda: ns.routes.master_of("broker-a") == ("", None), "no live master")
+        # the old master comes back on its store: it is told of the promoted master and waits as its slave
+        a = await nursery.start(run_broker, broker_factory, a_cfg, trio.Event())
+        await until(lambda: a.ha_controller.role == "SLAVE", "the old master superseded")
+        r = await send(rclient, a.address, "T", 0, b"would-be-cut")
+        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE, r.remark
+        assert ns.routes.master_of("broker-a")[0] != a.address
+        assert a.ha_controller.learned_master_epoch == 2  # a promotion of it would take epoch 3
+        # the promoted master returns (on another port): the old one follows it and gets what it acknowledged
+        b = await nursery.start(run_broker, broker_factory, b_cfg, trio.Event())
+        assert b.ha_controller.role == "ASYNC_MASTER" and b.ha_controller.master_epoch == 2
+        await until(lambda: a.ha_controller.client.connected
+                    and a.store.commitlog.max_offset == b.store.commitlog.max_offset, "the old master following",
+                    timeout=15)
+        p = await call(rclient, a.address, RC.PULL_MESSAGE, pull_request(3))
+        assert p.code == ResponseCode.SUCCESS and b"acked-by-the-promoted-master" in p.body, p.remark
+        nursery.cancel_scope.cancel()
+
+
 async def test_only_a_master_delivers_delayed_messages(broker_factory: Callable[..., Any],
                                                        rclient: RemotingClient) -> None:
     levels = {"message_delay_level": "100ms 200ms"}

@@ -96,3 +96,32 @@ def test_a_slave_registration_does_not_define_queue_data() -> None:
     route = r.pickup_topic_route_data("T")
     assert route is not None and route.broker_datas[0].broker_addrs == {0: "h:1", 1: "h:9"}
     assert r.pickup_topic_route_data("X") is None
+
+
+def test_a_stale_master_is_superseded_by_the_newest_master_even_while_that_one_is_down() -> None:
+    """Chaos long ASYNC seed 11: the promoted master (epoch 2) was killed; the old master (epoch 1) restarted on its
+    store and, with no live master to defer to, took the route and acknowledged sends that the promoted master's
+    return then cut. The name server remembers the newest master after it goes."""
+    r = RouteInfoManager()
+
+    def master(addr: str, epoch: int, ha: str, now: int, channel: object = None) -> None:
+        r.register_broker(cluster="c", broker_addr=addr, broker_name="broker-a", broker_id=0,
+                          topic_config_table=topics("T"), now_ms=now, channel=channel, ha_server_addr=ha,
+                          master_epoch=epoch)
+
+    master("10.0.0.1:10911", 1, "10.0.0.1:10912", 0, channel="old")
+    master("10.0.0.2:10911", 2, "10.0.0.2:10912", 5, channel="promoted")  # the promoted slave
+    r.on_channel_destroy("old")
+    assert r.on_channel_destroy("promoted") == ["10.0.0.2:10911"]  # killed: no live master now
+    assert r.master_of("broker-a") == ("", None)
+    newer = r.superseding_master("broker-a", "10.0.0.1:10911", 1)
+    assert newer is not None and (newer.broker_addr, newer.ha_server_addr, newer.master_epoch) == (
+        "10.0.0.2:10911", "10.0.0.2:10912", 2)
+    assert r.superseding_master("broker-a", "10.0.0.2:10911", 2) is None  # the newest master itself comes back
+    assert r.superseding_master("broker-a", "10.0.0.3:10911", 2) is None  # the same epoch: not older
+    assert r.superseding_master("broker-a", "10.0.0.3:10911", 3) is None  # a later promotion
+    assert r.superseding_master("broker-b", "10.0.0.1:10911", 1) is None  # another broker name
+    master("10.0.0.3:10911", 3, "10.0.0.3:10912", 10)
+    assert r.newest_master["broker-a"].broker_addr == "10.0.0.3:10911"
+    master("10.0.0.2:10911", 2, "10.0.0.2:10912", 11)  # the registration of an older epoch never replaces it
+    assert r.newest_master["broker-a"].master_epoch == 3

@@ -700,11 +700,13 @@ class Admin:
             msg.properties.pop(prop, None)
         return StoredMessage(name, msg)
 
-    async def broker_promote(self, broker_name: str, broker_id: int = 1, role: str = "ASYNC_MASTER"
-                             ) -> BrokerPromoteResult:
+    async def broker_promote(self, broker_name: str, broker_id: int = 1, role: str = "ASYNC_MASTER",
+                             force: bool = False) -> BrokerPromoteResult:
         """Promote the slave ``broker_id`` of ``broker_name`` to its master (PROMOTE_BROKER, docs/OPERATIONS.md
         "High availability"): a newer master epoch, lock epochs above the old master's. ``role``: ASYNC_MASTER or
-        SYNC_MASTER. AdminError when the name server knows no such broker; MQBrokerError when it refuses."""
+        SYNC_MASTER. The broker refuses when its log ends in an older master epoch than a master that exists (it
+        would lose what that master stored) unless ``force``. AdminError when the name server knows no such broker;
+        MQBrokerError when it refuses."""
         table = (await self.cluster_info_raw()).get("brokerAddrTable") or {}
         addrs = (table.get(broker_name) or {}).get("brokerAddrs") or {}
         addr = addrs.get(str(broker_id)) or addrs.get(broker_id)
@@ -712,12 +714,14 @@ class Admin:
             known = ", ".join(f"{k}: {v}" for k, v in sorted(addrs.items())) or "none"
             raise AdminError(f"the name server knows no broker {broker_name} with brokerId {broker_id} "
                              f"(its brokerIds: {known})")
-        resp = await self.api.invoke(addr, RequestCode.PROMOTE_BROKER, {
-            "brokerName": broker_name, "brokerId": broker_id, "brokerRole": role}, timeout_ms=self.timeout_ms)
-        ext = resp.ext
-        return BrokerPromoteResult(broker_name, str(addr), str(ext.get("brokerRole", role)),
-                                   int(ext.get("masterEpoch", 0)), int(ext.get("brokerEpoch", 0)),
-                                   int(ext.get("maxOffset", 0)))
+        ext: dict[str, Any] = {"brokerName": broker_name, "brokerId": broker_id, "brokerRole": role}
+        if force:
+            ext["force"] = True
+        resp = await self.api.invoke(addr, RequestCode.PROMOTE_BROKER, ext, timeout_ms=self.timeout_ms)
+        answer = resp.ext
+        return BrokerPromoteResult(broker_name, str(addr), str(answer.get("brokerRole", role)),
+                                   int(answer.get("masterEpoch", 0)), int(answer.get("brokerEpoch", 0)),
+                                   int(answer.get("maxOffset", 0)))
 
     async def cluster_list(self) -> ClusterList:
         """The brokers the name server knows, by cluster, with when each last registered."""

@@ -456,10 +456,13 @@ def broker_group() -> None:
 @click.option("--broker-id", type=int, default=1, show_default=True, help="brokerId of the slave to promote.")
 @click.option("--role", type=click.Choice(["ASYNC_MASTER", "SYNC_MASTER"]), default="ASYNC_MASTER",
               show_default=True, help="Role of the new master.")
+@click.option("--force", is_flag=True,
+              help="Promote even though a master of a newer epoch than this slave's log exists (what that master "
+                   "stored is lost).")
 @_JSON
-def broker_promote(broker_name: str, broker_id: int, role: str) -> None:
+def broker_promote(broker_name: str, broker_id: int, role: str, force: bool) -> None:
     """Make a slave the master of its broker name, with a newer master epoch (docs/OPERATIONS.md)."""
-    _run(lambda a: a.broker_promote(broker_name, broker_id, role),
+    _run(lambda a: a.broker_promote(broker_name, broker_id, role, force),
          lambda d: (f"{d['brokerName']} brokerId {broker_id} at {d['brokerAddr']} is now {d['brokerRole']}: "
                     f"master epoch {d['masterEpoch']}, broker epoch {d['brokerEpoch']}, "
                     f"writes from offset {d['maxOffset']}"))

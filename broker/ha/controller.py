@@ -401,7 +401,8 @@ class HAController:
     # -- requests -----------------------------------------------------------------------------------------------
     async def promote_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """PROMOTE_BROKER (trimq 9010): ext ``brokerName``, ``brokerId`` (must be this broker's), optional
-        ``brokerRole`` (ASYNC_MASTER, the default, or SYNC_MASTER). Answers the new epochs."""
+        ``brokerRole`` (ASYNC_MASTER, the default, or SYNC_MASTER), ``force`` (bool: promote even though a master of a
+        newer epoch than this broker's log exists, losing what it stored). Answers the new epochs."""
         ext = cmd.ext
         name = ext.get("brokerName", self.config.broker_name)
         if name != self.config.broker_name:
@@ -416,7 +417,19 @@ class HAController:
         if self.is_master:
             raise RequestError(ResponseCode.SYSTEM_ERROR,
                                f"{self.config.broker_name} brokerId {self.broker_id} is already a master ({self.role})")
-        log.warning("ha.promote_requested", role=role, by=conn.remote)
+        force = ext.get("force") is True
+        if self.learned_master_epoch > self.master_epoch and not force:
+            # Its log ends in an older epoch than a master the name server named (a slave that never reached that
+            # master, or a demoted master that never had its tail cut): promoted, it would drop every message that
+            # master acknowledged, and its own divergent tail would be served as if acknowledged.
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR,
+                f"{self.config.broker_name} brokerId {self.broker_id} has followed master epochs up to "
+                f"{self.master_epoch} only, but a master of epoch {self.learned_master_epoch} exists "
+                f"({self.learned_master_addr or 'address unknown'}): promoting this broker would lose what that "
+                f"master stored. Bring that master back, or promote with force to accept the loss")
+        log.warning("ha.promote_requested", role=role, by=conn.remote, force=force,
+                    newest_known_master_epoch=self.learned_master_epoch)
         await self._request_transition(role)
         return RemotingCommand.response_to(cmd, ext={
             "brokerRole": self.role, "brokerId": self.broker_id, "masterEpoch": self.master_epoch,

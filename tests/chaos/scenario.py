@@ -496,6 +496,8 @@ class _Cluster:
                                "--broker-name", broker, "--broker-id", "1", "--role", self.settings.ha_role],
                               capture_output=True, text=True, env=_env({}), cwd=self.workdir, timeout=60)
         if done.returncode != 0:
+            if "promoting this broker would lose" in done.stderr + done.stdout:
+                raise PromotionRefused(done.stderr.strip())
             raise RuntimeError(f"promotion of {broker} failed: {done.stderr}{done.stdout}")
         kept = int(json.loads(done.stdout)["maxOffset"])
         new_master, new_store = self.slaves.pop(broker), self.slave_stores.pop(broker)
@@ -546,6 +548,10 @@ class _Cluster:
             if p.alive():
                 p.popen.send_signal(signal.SIGCONT)
                 p.kill()
+
+
+class PromotionRefused(Exception):
+    """The slave refused its promotion: its log ends in an older master epoch than a master that exists."""
 
 
 def _persisted_offsets(store: Path, broker: str) -> dict[tuple[str, str, int], int]:
@@ -716,7 +722,20 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
                     say(f"  {at_s:6.2f} s SIGKILL {b}'s master"
                         + (f" ({settings.async_lag_s} s after its slave's, restarted since)" if lagging else ""))
                 else:
-                    addr, kept = cluster.promote(b)
+                    try:
+                        addr, kept = cluster.promote(b)
+                    except PromotionRefused as refused:
+                        # The slave never reached its master's epoch (killed while it was starting after the previous
+                        # promotion): promoting it would lose the master's writes, so the master comes back instead.
+                        cluster.start_broker(b, cluster.broker_addr[b])
+                        addr = cluster.wait_broker(b)
+                        crashes[-1] = replace(crashes[-1], restart_ms=_wall_ms(),
+                                              persisted=_persisted_offsets(cluster.store(b), b))
+                        with sampler.lock:
+                            sampler.addrs[b] = addr
+                        say(f"  {time.monotonic() - t0:6.2f} s {b}'s promotion refused ({refused}); its master "
+                            f"restarted on {addr}")
+                        continue
                     if settings.ha_role == "ASYNC_MASTER":
                         async_failovers.append(AsyncFailover(b, crashes[-1].time_ms, kept))
                     # What the promoted master serves (synced from the old master, plus what was committed to it

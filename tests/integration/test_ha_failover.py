@@ -14,7 +14,7 @@ import trio
 from tests.integration.relay import Relay
 from trimq.broker.broker import Broker
 from trimq.client.api import ConsumerData, HeartbeatData, MQClientAPI
-from trimq.client.errors import NoPermissionError
+from trimq.client.errors import MQBrokerError, NoPermissionError
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import encode_properties
@@ -212,7 +212,15 @@ async def test_an_old_master_returning_while_its_promoted_slave_is_down_waits_as
         r = await send(rclient, a.address, "T", 0, b"would-be-cut")
         assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE, r.remark
         assert ns.routes.master_of("broker-a")[0] != a.address
-        assert a.ha_controller.learned_master_epoch == 2  # a promotion of it would take epoch 3
+        assert a.ha_controller.learned_master_epoch == 2
+        # promoting it would lose what the promoted master acknowledged: refused unless forced
+        await until(lambda: ns.routes.broker_addr_table.get("broker-a") is not None
+                    and ns.routes.broker_addr_table["broker-a"].broker_addrs.get(1) == a.address,
+                    "registered as the slave")
+        async with open_admin(ns.address) as admin:
+            with pytest.raises(MQBrokerError, match="master of epoch 2 exists"):
+                await admin.broker_promote("broker-a", 1)
+        assert a.ha_controller.role == "SLAVE"
         # the promoted master returns (on another port): the old one follows it and gets what it acknowledged
         b = await nursery.start(run_broker, broker_factory, b_cfg, trio.Event())
         assert b.ha_controller.role == "ASYNC_MASTER" and b.ha_controller.master_epoch == 2

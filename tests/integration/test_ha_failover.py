@@ -232,6 +232,26 @@ async def test_an_old_master_returning_while_its_promoted_slave_is_down_waits_as
         nursery.cancel_scope.cancel()
 
 
+async def test_a_slave_that_never_reached_its_master_refuses_promotion_unless_forced(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    """A slave that never followed the master a name server names (its HA port unreachable here) holds none of its
+    writes: promoting it would lose them, so it refuses; ``force`` promotes it above that master's epoch."""
+    from trimq.client.admin import open_admin
+
+    async with namesrv_factory() as ns:
+        common = {"namesrv_addr": ns.address, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
+        async with broker_factory(**common) as master, \
+                broker_factory(broker_role="SLAVE", broker_id=1, ha_master_address="127.0.0.1:9", **common) as slave:
+            assert (await send(rclient, master.address, "T", 0, b"only-on-the-master")).code == ResponseCode.SUCCESS
+            await until(lambda: slave.ha_controller.learned_master_epoch == 1, "the slave told of its master")
+            async with open_admin(ns.address) as admin:
+                with pytest.raises(MQBrokerError, match="followed master epochs up to 0 only"):
+                    await admin.broker_promote("broker-a", 1)
+                assert slave.ha_controller.role == "SLAVE"
+                result = await admin.broker_promote("broker-a", 1, force=True)
+            assert (result.broker_role, result.master_epoch) == ("ASYNC_MASTER", 2)
+
+
 async def test_only_a_master_delivers_delayed_messages(broker_factory: Callable[..., Any],
                                                        rclient: RemotingClient) -> None:
     levels = {"message_delay_level": "100ms 200ms"}

@@ -722,6 +722,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
                     say(f"  {at_s:6.2f} s SIGKILL {b}'s master"
                         + (f" ({settings.async_lag_s} s after its slave's, restarted since)" if lagging else ""))
                 else:
+                    killed_addr = cluster.broker_addr[b]
                     try:
                         addr, kept = cluster.promote(b)
                     except PromotionRefused as refused:
@@ -737,7 +738,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
                             f"restarted on {addr}")
                         continue
                     if settings.ha_role == "ASYNC_MASTER":
-                        async_failovers.append(AsyncFailover(b, crashes[-1].time_ms, kept))
+                        async_failovers.append(AsyncFailover(b, crashes[-1].time_ms, kept, killed_addr, _wall_ms()))
                     # What the promoted master serves (synced from the old master, plus what was committed to it
                     # meanwhile): the floor of the replays that follow, as a restarted broker's persisted offsets.
                     persisted = _served_offsets(addr, b)

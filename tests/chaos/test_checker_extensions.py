@@ -288,3 +288,35 @@ def test_an_async_failover_may_lose_the_tail_past_what_the_slave_had_and_nothing
     c2 = write(tmp_path / "c2.jsonl", consumed([0, 1], "A", 10) + moved_back)
     r2 = check([tmp_path / "p.jsonl"], [c2], async_failovers=failover, broker_crashes=crash)
     assert [m["msg_id"] for m in r2.missing] == ["m2"], r2.text()
+
+
+def test_an_answer_of_the_dying_master_that_arrives_after_the_kill_is_still_its_tail(tmp_path: Path) -> None:
+    """Long ASYNC seed 13: the killed master's SEND_OK for a message past ``kept`` reached the producer 5 ms after
+    the harness's kill timestamp. Stored by the old master (its address in the offset message id) and acknowledged
+    before the promotion, it is in the tail the failover may lose; the new master's messages are not."""
+    from tests.e2e.checker import AsyncFailover
+    from trimq.protocol.record import message_id
+
+    recs = produced(8)
+    for i, r in enumerate(recs):
+        old = i < 6
+        r["offset_msg_id"] = message_id(("127.0.0.1", 10911 if old else 10921),
+                                        i * 100 if old else 300 + (i - 6) * 100)
+        r["ack_time"] = (40 if i < 5 else 52) if old else 60
+        if not old:
+            r["queue_offset"] = i - 3
+    write(tmp_path / "p.jsonl", recs)
+    moved_back = [{**c, "queue_offset": o - 3} for c, o in zip(consumed([6, 7], "A", 70), [6, 7], strict=True)]
+    c = write(tmp_path / "c.jsonl", consumed([0, 1, 2], "A", 10) + moved_back)
+    crash = [BrokerCrash("b", 50, 55, {Q: 3})]
+    failover = [AsyncFailover("b", 50, 300, "127.0.0.1:10911", 55)]
+    r = check([tmp_path / "p.jsonl"], [c], async_failovers=failover, broker_crashes=crash)
+    assert r.ok, r.text()
+    assert (r.unsafe_acked, r.unsafe_lost) == (3, 3)  # m3, m4 and the late-answered m5
+    # by the kill's timestamp alone, m5 (answered at 52) was a SEND_OK whose offset m7 took
+    assert not check([tmp_path / "p.jsonl"], [c], async_failovers=[AsyncFailover("b", 50, 300)],
+                     broker_crashes=crash).ok
+    # the new master's messages (another address, past kept) must be consumed
+    c2 = write(tmp_path / "c2.jsonl", consumed([0, 1, 2], "A", 10) + moved_back[:1])
+    r2 = check([tmp_path / "p.jsonl"], [c2], async_failovers=failover, broker_crashes=crash)
+    assert [m["msg_id"] for m in r2.missing] == ["m7"], r2.text()

@@ -150,25 +150,36 @@ class BrokerCrash:
 
 @dataclass(frozen=True)
 class AsyncFailover:
-    """``broker``'s ASYNC_MASTER SIGKILLed at ``kill_ms``; its slave, promoted, writes from commit-log offset
-    ``kept``: what its old master stored from there on is gone."""
+    """``broker``'s ASYNC_MASTER SIGKILLed at ``kill_ms``; its slave, promoted (done at ``promoted_ms``), writes from
+    commit-log offset ``kept``: what its old master (listening on ``master_addr``) stored from there on is gone."""
 
     broker: str
     kill_ms: int
     kept: int
+    master_addr: str = ""
+    promoted_ms: int = 0
 
 
 def async_tail(record: Mapping[str, Any], failovers: Iterable[AsyncFailover]) -> bool:
-    """Whether a producer record is in the tail an ASYNC failover may have lost (module documentation)."""
+    """Whether a producer record is in the tail an ASYNC failover may have lost (module documentation): stored by the
+    old master (its store address, in the offset message id, and acknowledged before the promotion: an answer the
+    dying master sent can arrive after the kill's timestamp) at or past ``kept``."""
     offset_id = record.get("offset_msg_id") or ""
+    ack_ms = int(record["ack_time"])
     for f in failovers:
-        if record["broker"] != f.broker or int(record["ack_time"]) > f.kill_ms:
+        if record["broker"] != f.broker:
             continue
         try:
-            _, offset = parse_message_id(offset_id)
+            (host, port), offset = parse_message_id(offset_id)
         except ValueError:
-            return True  # no position known: it may be in the tail
-        if offset >= f.kept:
+            if ack_ms <= f.kill_ms:
+                return True  # no position known: it may be in the tail
+            continue
+        if f.master_addr and f.promoted_ms:
+            by_old_master = f"{host}:{port}" == f.master_addr and ack_ms < f.promoted_ms
+        else:
+            by_old_master = ack_ms <= f.kill_ms
+        if by_old_master and offset >= f.kept:
             return True
     return False
 

@@ -167,6 +167,7 @@ class Broker:
         self.ha_controller.listeners.append(self.schedule_message_service.role_changed)
         # Pull answers carry the master epoch; positions reached under an older one are checked (a lost tail).
         self.pull_service.epochs = self.ha_controller.state
+        self.coordination_service.epochs = self.ha_controller.state  # and commits say theirs (the same check)
         self.services.append(self.ha_controller)
         self.metrics: BrokerMetrics | None = None
         if config.metrics_port >= 0:  # installs its hooks before anything is served (0: any free port)

@@ -103,6 +103,8 @@ class QueueOffsets(Protocol):
 
     def get_earliest_msg_store_time(self, topic: str, queue_id: int) -> int | None: ...
 
+    def queue_offset_at(self, topic: str, queue_id: int, commit_log_offset: int) -> int: ...
+
 
 class MasterEpochs(Protocol):
     """The master epochs of a broker's log (broker/store/ha/history.py HAState): the newest, and from which
@@ -112,6 +114,8 @@ class MasterEpochs(Protocol):
 
     @property
     def master_epoch(self) -> int: ...
+
+    def next_epoch_start(self, epoch: int) -> int | None: ...
 
 
 class ReadableArrivals(Protocol):

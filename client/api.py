@@ -545,12 +545,15 @@ class MQClientAPI:
         timeout_ms: int | None = None,
         lock_epoch: int | None = None,
         reset_generation: int | None = None,
+        master_epoch: int | None = None,
     ) -> None:
         """UPDATE_CONSUMER_OFFSET. A fenced update raises NoPermissionError (not with ``oneway``). ``lock_epoch``
         (trimq): the fencing epoch of the queue lock the offset was consumed under; the broker refuses the
         update when the queue's lock has been granted with a newer epoch since. ``reset_generation`` (trimq):
         the reset generation the offset was read under; an update made before a reset of the group's offsets
-        raises StaleResetGenerationError (a NoPermissionError) naming the broker's current one."""
+        raises StaleResetGenerationError (a NoPermissionError) naming the broker's current one. ``master_epoch``
+        (trimq): the master epoch of the log the offset was reached in; a broker whose log began a newer one since
+        stores at most the queue offset where that one began."""
         ext = {
             "consumerGroup": consumer_group,
             "topic": mq.topic,
@@ -559,6 +562,7 @@ class MQClientAPI:
             "clientId": client_id,
             "lockEpoch": lock_epoch,
             "resetGeneration": reset_generation,
+            "masterEpoch": master_epoch,
         }
         if oneway:
             await self.invoke_oneway(addr, RequestCode.UPDATE_CONSUMER_OFFSET, ext)

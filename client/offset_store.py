@@ -172,6 +172,7 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         self._persist_locks: dict[MessageQueue, trio.Lock] = {}
         self._lock_epochs: dict[MessageQueue, int] = {}
         self._reset_generations: dict[MessageQueue, int] = {}
+        self._master_epochs: dict[MessageQueue, int] = {}
         #: Commits the broker refused as made before a reset of the group's offsets.
         self.stale_reset_updates = 0
         #: Called with a queue whose commit was refused as made before a reset (the push consumer resyncs it).
@@ -199,6 +200,16 @@ class RemoteBrokerOffsetStore(_MemoryOps):
             self._reset_generations.pop(mq, None)
         else:
             self._reset_generations[mq] = generation
+
+    def set_master_epoch(self, mq: MessageQueue, epoch: int) -> None:
+        """The master epoch of the log ``mq``'s position was reached in (a pull answer that kept the position says
+        it): sent with its commits, so a broker whose log began a newer epoch since stores at most where that began
+        (a position read from an ASYNC master's lost tail; docs/PROTOCOL.md §7)."""
+        self._master_epochs[mq] = epoch
+
+    def master_epoch(self, mq: MessageQueue) -> int | None:
+        """The master epoch ``mq``'s commits carry, or None (not known yet: none is sent)."""
+        return self._master_epochs.get(mq)
 
     async def load(self) -> None:
         """Nothing to load: offsets are read from the broker when a queue is assigned."""
@@ -230,6 +241,7 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         offset, generation = await self.broker.api.query_consumer_offset_generation(
             addr, self.consumer_group, mq, timeout_ms=self.timeout_ms)
         self.set_reset_generation(mq, generation)
+        self._master_epochs.pop(mq, None)  # the broker's own offset: its epoch is known at the first pull answer
         if offset < 0:
             raise OffsetNotFoundError(ResponseCode.QUERY_NOT_FOUND, "no offset stored", addr, "QUERY_CONSUMER_OFFSET")
         return offset
@@ -253,7 +265,7 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         try:
             await self.broker.api.update_consumer_offset(
                 addr, self.consumer_group, mq, offset, self.broker.client_id, timeout_ms=self.timeout_ms,
-                lock_epoch=epoch, reset_generation=generation,
+                lock_epoch=epoch, reset_generation=generation, master_epoch=self._master_epochs.get(mq),
             )
         except RemotingError as exc:
             note_failure = getattr(self.broker, "note_failure", None)
@@ -333,6 +345,7 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         self.table.remove(mq)
         self._lock_epochs.pop(mq, None)
         self._reset_generations.pop(mq, None)
+        self._master_epochs.pop(mq, None)
 
 
 def default_local_offset_dir(store_id: str, consumer_group: str, base_dir: str = "") -> Path:

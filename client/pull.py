@@ -322,6 +322,10 @@ class PullService:
         status = result.status
         if result.master_epoch is not None and status is not PullStatus.OFFSET_ILLEGAL:
             request.master_epoch = result.master_epoch  # the log the next offset belongs to
+            # and the consumed offsets below it (a position past a newer epoch's start is moved, never kept)
+            set_epoch = getattr(self.offset_store, "set_master_epoch", None)
+            if set_epoch is not None:
+                set_epoch(mq, result.master_epoch)
         if status is PullStatus.FOUND:
             prev = request.next_offset
             request.next_offset = result.next_begin_offset

@@ -55,7 +55,7 @@ FIELD_TYPES: dict[int, dict[str, str]] = {
                       "suspendTimeoutMillis": LONG, "subVersion": LONG, "resetGeneration": LONG, "masterEpoch": INT},
     RC.QUERY_MESSAGE: {"maxNum": INT, "beginTimestamp": LONG, "endTimestamp": LONG},
     RC.QUERY_CONSUMER_OFFSET: _QUEUE,
-    RC.UPDATE_CONSUMER_OFFSET: {"queueId": INT, "commitOffset": LONG, "resetGeneration": LONG},
+    RC.UPDATE_CONSUMER_OFFSET: {"queueId": INT, "commitOffset": LONG, "resetGeneration": LONG, "masterEpoch": INT},
     RC.UPDATE_AND_CREATE_TOPIC: {"readQueueNums": INT, "writeQueueNums": INT, "perm": INT, "topicSysFlag": INT},
     RC.SEARCH_OFFSET_BY_TIMESTAMP: {"queueId": INT, "timestamp": LONG},
     RC.GET_MAX_OFFSET: _QUEUE,

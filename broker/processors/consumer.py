@@ -30,7 +30,7 @@ import trio
 
 from trimq.broker.config import BrokerConfig
 from trimq.broker.consumers import ConsumerManager, parse_heartbeat
-from trimq.broker.deps import HandlerRegistry, QueueOffsets, SubscriptionGroups, Topics
+from trimq.broker.deps import HandlerRegistry, MasterEpochs, QueueOffsets, SubscriptionGroups, Topics
 from trimq.broker.locks import RESTART_GRACE_OWNER, RebalanceLockManager
 from trimq.broker.store.atomic import write_json_atomic
 from trimq.broker.store.epoch import BrokerEpochStore, epoch_file_path
@@ -40,7 +40,7 @@ from trimq.protocol.command import RemotingCommand
 from trimq.protocol.errors import RequestError
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic, retry_topic
-from trimq.runtime.logs import get_logger
+from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
 if TYPE_CHECKING:
     from trimq.runtime.server import Connection
@@ -156,6 +156,10 @@ class CoordinationService:
         self.topics = topics
         self.groups = groups
         self.store = store
+        #: The master epochs of this broker's log (broker.py wires the HA state): a commit says the epoch its
+        #: position was reached under, and one past where a newer epoch began is lowered to there.
+        self.epochs: MasterEpochs | None = None
+        self._truncated_log = RateLimiter(10_000)
         self._dirty_event = trio.Event()
         self._lease_wakeup = trio.Event()
         self._persist_lock = trio.Lock()
@@ -470,6 +474,7 @@ class CoordinationService:
         epoch = _field(where, cmd.ext, "lockEpoch", "int", required=False)
         if epoch is not None and epoch < 0:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"{where}: field 'lockEpoch' must be >= 0, got {epoch}")
+        offset = self._within_epoch(cmd, group, topic, qid, offset)
         om = self.offset_manager
         if epoch is not None:
             current = om.stale_epoch(group, topic, qid, epoch)
@@ -488,6 +493,26 @@ class CoordinationService:
                 f"(or was last), not by {client_id}",
             )
         return RemotingCommand.response_to(cmd)
+
+    def _within_epoch(self, cmd: RemotingCommand, group: str, topic: str, queue_id: int, offset: int) -> int:
+        """A commit's offset, lowered to the queue offset where this log's next master epoch began when the commit
+        says (``masterEpoch``) its position was reached under an older epoch and lies past there: the consumer read
+        records this log does not have (an ASYNC master's lost tail), and this log gave those queue offsets to other
+        messages, which the queue's next owner would skip (the pull check's twin: docs/PROTOCOL.md §7)."""
+        epochs = self.epochs
+        client_epoch = _field("UPDATE_CONSUMER_OFFSET", cmd.ext, "masterEpoch", "int", required=False)
+        if epochs is None or client_epoch is None or client_epoch >= epochs.master_epoch:
+            return offset
+        start = epochs.next_epoch_start(client_epoch)
+        if start is None:
+            return offset
+        boundary = self.store.queue_offset_at(topic, queue_id, start)
+        if offset <= boundary:
+            return offset
+        log_rate_limited(self._truncated_log, (group, topic, queue_id), int(time.time() * 1000), log.warning,
+                         "offset.position_truncated", group=group, topic=topic, queue_id=queue_id, offset=offset,
+                         stored=boundary, client_epoch=client_epoch, master_epoch=epochs.master_epoch)
+        return boundary
 
     # ------------------------------------------------------------------ admin queries
 

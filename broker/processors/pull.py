@@ -222,7 +222,7 @@ class PullService:
         client_epoch = int_field(ext, "masterEpoch", -1)
         if client_epoch < 0 or client_epoch >= epochs.master_epoch:
             return None
-        start = next((s for e, s in epochs.history if e > client_epoch), None)
+        start = epochs.next_epoch_start(client_epoch)
         if start is None:
             return None
         group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")

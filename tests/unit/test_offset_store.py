@@ -54,6 +54,7 @@ class FakeApi:
         self.fenced: set[MessageQueue] = set()
         self.down = False
         self.error_code: int | None = None
+        self.master_epochs: list[int | None] = []  # what each update said its position's master epoch was
 
     async def query_consumer_offset(self, addr: str, group: str, m: MessageQueue, *, timeout_ms: Any = None) -> int:
         if self.down:
@@ -75,7 +76,8 @@ class FakeApi:
     async def update_consumer_offset(self, addr: str, group: str, m: MessageQueue, offset: int,
                                      client_id: str | None = None, *, oneway: bool = False,
                                      timeout_ms: Any = None, lock_epoch: int | None = None,
-                                     reset_generation: int | None = None) -> None:
+                                     reset_generation: int | None = None, master_epoch: int | None = None) -> None:
+        self.master_epochs.append(master_epoch)
         if self.down:
             raise RemotingConnectError(f"cannot connect to {addr}")
         if m in self.fenced:
@@ -262,3 +264,23 @@ async def test_a_locked_queue_reads_its_start_offset_from_the_master() -> None:
     store.set_lock_epoch(mq(0), 3)
     assert await store.read_offset(mq(0), READ_FROM_STORE) == 7
     assert b.asked == ["127.0.0.1:9", "127.0.0.1:1"]
+
+
+async def test_commits_carry_the_master_epoch_their_position_was_reached_in() -> None:
+    """Chaos long ASYNC seed 12: a position read from an ASYNC master's lost tail, committed to the promoted master,
+    made the queue's next owner skip what the promoted master stored there. Commits say their position's epoch (set
+    from the pull answers that kept it), so the broker can lower them; an offset read from the broker has none."""
+    b = FakeBroker()
+    store = RemoteBrokerOffsetStore(G, b)  # type: ignore[arg-type]
+    store.update_offset(mq(0), 5, False)
+    await store.persist(mq(0))
+    store.set_master_epoch(mq(0), 2)
+    store.update_offset(mq(0), 6, False)
+    await store.persist(mq(0))
+    b.api.stored[(G, mq(0))] = 9
+    assert await store.read_offset(mq(0), READ_FROM_STORE) == 9  # the broker's own offset: epoch not known yet
+    await store.persist(mq(0))
+    store.set_master_epoch(mq(0), 3)
+    store.remove_offset(mq(0))
+    assert store.master_epoch(mq(0)) is None
+    assert b.api.master_epochs == [None, 2, None]

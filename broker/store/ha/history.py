@@ -87,6 +87,12 @@ class HAState:
         if self.path is not None:
             write_json_atomic(self.path, self.to_json())
 
+    def next_epoch_start(self, epoch: int) -> int | None:
+        """The commit-log offset where the first master epoch newer than ``epoch`` began writing in this log; None
+        when ``epoch`` is the newest (a queue position reached under ``epoch`` past that offset's queue offset was
+        read from records this log does not have: an ASYNC master's lost tail)."""
+        return next((s for e, s in self.history if e > epoch), None)
+
     def begin_epoch(self, epoch: int, start_offset: int) -> None:
         """Record that master epoch ``epoch`` writes from ``start_offset`` on (a promotion, a first master)."""
         if self.history and epoch <= self.history[-1][0]:

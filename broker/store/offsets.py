@@ -197,6 +197,18 @@ class ConsumerOffsetManager:
             return None
         return owner
 
+    def _holder_epoch(self, group: str, topic: str, queue_id: int, client_id: str | None) -> int | None:
+        """The grant epoch of the queue's live lock when ``client_id`` holds it: the version of a commit that says no
+        epoch (a pull's commit offset) ranks as made under that grant. Otherwise an older lifetime's commit with a
+        later lock sequence, handed over by a demoted master, would outrank it, move the offset ahead of the holder
+        and be rewound by the holder's next epoch-carrying commit (long chaos seed 56)."""
+        if self.lock_manager is None or client_id is None:
+            return None
+        mq = MessageQueue(topic, self.broker_name, queue_id)
+        if self.lock_manager.live_owner(group, mq) != client_id:
+            return None
+        return self.lock_manager.current_epoch(group, mq)
+
     def stale_epoch(self, group: str, topic: str, queue_id: int, lock_epoch: int | None) -> int | None:
         """The queue's newest known epoch when ``lock_epoch`` is older than it (the update must be refused), else
         None (also when no epoch is given). Known are this lifetime's latest grant and the newest epoch a commit
@@ -280,6 +292,7 @@ class ConsumerOffsetManager:
                     owner=owner, source=source, fenced_total=self.fenced_updates[group],
                 )
                 return False
+            lock_epoch = self._holder_epoch(group, topic, queue_id, client_id)
         if source == "pull" and offset < self.query_offset(group, topic, queue_id):
             self.stale_pull_commits += 1
             return True

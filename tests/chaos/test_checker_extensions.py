@@ -196,6 +196,23 @@ def test_a_listener_call_begun_before_the_pause_is_judged_by_its_start(tmp_path:
     assert r.started_after_lease == 2 and r.late_completions == 0
 
 
+def test_a_key_scope_consumer_given_the_queue_again_then_replayed_after_is_not_counted(tmp_path: Path) -> None:
+    # Long seed 11: K (key scope) was paused 100-300 (lease 50); B consumed 0..3 at 400; K took the queue again at
+    # B's frontier and consumed 4..7 at 500 (offsets out of order: per key); it gave the queue back and B replayed
+    # 6..7 from K's committed prefix at 520, within a lease of K's records but after K's last one.
+    b1 = keyed([0, 1, 2, 3], "B", 400)
+    k2 = [{**r, "start_time": 499} for r in keyed([5, 4, 7, 6], "K", 500)]
+    b2 = keyed([6, 7], "B", 520)
+    r = run(tmp_path, 8, keyed([0], "K", 10), b1 + b2, k2, pauses=[Pause("K", 100, 300)], key_scope_clients=["K"],
+            lease_ms=50)
+    assert r.started_after_lease == 0, r.text()
+    # B consuming while K still does is a sign it held the queue
+    b2_during = [{**x, "consume_time": 501} for x in b2]
+    r = run(tmp_path, 8, keyed([0], "K", 10), b1 + b2_during, k2, pauses=[Pause("K", 100, 300)],
+            key_scope_clients=["K"], lease_ms=50)
+    assert r.started_after_lease > 0
+
+
 def test_a_queue_with_nothing_left_to_consume_is_an_idle_takeover(tmp_path: Path) -> None:
     # A consumed every acknowledged message of the queue (0..3) and was paused; nothing more arrived there, so no
     # takeover can be seen (chaos seed 11: the producer's last seconds all went to the other broker)

@@ -545,6 +545,7 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
         # own pause, whoever holds the queue now)
         others = [r for r in recs if r["client_id"] != p.client_id and int(r["consume_time"]) > p.stop_ms
                   and id(r) not in late]
+        p_last = max((int(r["consume_time"]) for r in recs if r["client_id"] == p.client_id), default=0)
         for r in recs:
             t, o = int(r["consume_time"]), int(r["queue_offset"])
             # judged by when its listener call began, where the record says (a call begun before the pause and
@@ -562,8 +563,12 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
                 or (t < int(x["consume_time"]) <= t + lease_ms and int(x["queue_offset"]) <= o
                     and not crashed(p.client_id, t, int(x["consume_time"]))
                     and (p.client_id not in key_scope
-                         or any(y["client_id"] == x["client_id"] and int(y["consume_time"]) <= t
-                                for y in others))))), None)
+                         # a key-scope consumer's successor replays from its committed prefix, below what it
+                         # consumed: a sign of holding only while the paused one still consumed (long seed 11:
+                         # it took the queue again 9 s after SIGCONT, gave it back, and the next owner replayed)
+                         or (int(x["consume_time"]) <= p_last
+                             and any(y["client_id"] == x["client_id"] and int(y["consume_time"]) <= t
+                                     for y in others)))))), None)
             if holder is not None:
                 report.started_after_lease += 1
                 report.violations.append(f"{_qname(q)}: {p.client_id} consumed offset {o} at {t}, after its lease ran "

@@ -274,3 +274,19 @@ def test_stale_pull_commit_never_rewinds(om: ConsumerOffsetManager, locks: Rebal
     assert om.query_offset(G, T, 0) == 600
     assert om.commit_offset(G, T, 0, 100, "owner", source="update")  # explicit updates may still rewind
     assert om.query_offset(G, T, 0) == 100
+
+
+def test_a_pull_commit_by_the_live_holder_ranks_under_its_grant(om: ConsumerOffsetManager,
+                                                               locks: RebalanceLockManager) -> None:
+    """Long chaos seed 56: a demoted master handed its new master a commit made before the failover under a later
+    lock sequence of the old lifetime; the holder's pull commits (no epoch said) ranked below it, so it was taken,
+    moved the offset ahead of the holder, and the holder's next commit rewound it. A pull commit by the live holder
+    now ranks as made under its grant."""
+    assert locks.try_lock(G, mq(0), "c1")
+    granted = locks.current_epoch(G, mq(0))
+    assert granted is not None
+    assert om.commit_offset(G, T, 0, 5, "c1", source="pull")
+    assert om.commit_version(G, T, 0).lock_epoch == granted
+    # a client that does not hold the queue stamps nothing (and for an orderly group it is fenced anyway)
+    assert om.commit_offset("concurrent", T, 0, 5, "c2", source="pull")
+    assert om.commit_version("concurrent", T, 0).lock_epoch == 0

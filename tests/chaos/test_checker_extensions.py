@@ -196,6 +196,16 @@ def test_a_listener_call_begun_before_the_pause_is_judged_by_its_start(tmp_path:
     assert r.started_after_lease == 2 and r.late_completions == 0
 
 
+def test_a_consumer_given_the_queue_again_then_replayed_after_is_not_counted(tmp_path: Path) -> None:
+    # Long ASYNC seed 22: A was paused 100-300 (lease 50); B consumed 4..5 at 200; A took the queue again long after
+    # SIGCONT and consumed 6..9 at 500; then B got it back and replayed 9 (A's last, not committed yet) at 530.
+    b1 = [{**r, "consume_time": 200 + i} for i, r in enumerate(consumed([4, 5], "B", 0))]
+    a2 = [{**r, "consume_time": 500 + i} for i, r in enumerate(consumed([6, 7, 8, 9], "A", 0))]
+    b2 = [{**r, "consume_time": 530 + i} for i, r in enumerate(consumed([9, 10, 11], "B", 0))]
+    r = run(tmp_path, 12, consumed([0, 1, 2, 3], "A", 10), b1 + b2, a2, pauses=[Pause("A", 100, 300)], lease_ms=50)
+    assert r.started_after_lease == 0, r.text()
+
+
 def test_a_key_scope_consumer_given_the_queue_again_then_replayed_after_is_not_counted(tmp_path: Path) -> None:
     # Long seed 11: K (key scope) was paused 100-300 (lease 50); B consumed 0..3 at 400; K took the queue again at
     # B's frontier and consumed 4..7 at 500 (offsets out of order: per key); it gave the queue back and B replayed

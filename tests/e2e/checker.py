@@ -562,13 +562,13 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
                              for y in others)))
                 or (t < int(x["consume_time"]) <= t + lease_ms and int(x["queue_offset"]) <= o
                     and not crashed(p.client_id, t, int(x["consume_time"]))
+                    # a successor replays from the committed offset, below what was consumed: a sign of holding
+                    # only while the paused one still consumed (long seeds 11 and ASYNC 22: it took the queue
+                    # again seconds after SIGCONT, gave it back, and the next owner replayed its last offsets)
+                    and int(x["consume_time"]) <= p_last
                     and (p.client_id not in key_scope
-                         # a key-scope consumer's successor replays from its committed prefix, below what it
-                         # consumed: a sign of holding only while the paused one still consumed (long seed 11:
-                         # it took the queue again 9 s after SIGCONT, gave it back, and the next owner replayed)
-                         or (int(x["consume_time"]) <= p_last
-                             and any(y["client_id"] == x["client_id"] and int(y["consume_time"]) <= t
-                                     for y in others)))))), None)
+                         or any(y["client_id"] == x["client_id"] and int(y["consume_time"]) <= t
+                                for y in others))))), None)
             if holder is not None:
                 report.started_after_lease += 1
                 report.violations.append(f"{_qname(q)}: {p.client_id} consumed offset {o} at {t}, after its lease ran "

@@ -545,7 +545,11 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
         # own pause, whoever holds the queue now)
         others = [r for r in recs if r["client_id"] != p.client_id and int(r["consume_time"]) > p.stop_ms
                   and id(r) not in late]
-        p_last = max((int(r["consume_time"]) for r in recs if r["client_id"] == p.client_id), default=0)
+        p_times = [int(r["consume_time"]) for r in recs if r["client_id"] == p.client_id]
+
+        def still_consuming(at: int, p_times: list[int] = p_times) -> bool:
+            return any(at <= pt <= at + lease_ms for pt in p_times)  # it consumed the queue within a lease of ``at``
+
         for r in recs:
             t, o = int(r["consume_time"]), int(r["queue_offset"])
             # judged by when its listener call began, where the record says (a call begun before the pause and
@@ -565,7 +569,7 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
                     # a successor replays from the committed offset, below what was consumed: a sign of holding
                     # only while the paused one still consumed (long seeds 11 and ASYNC 22: it took the queue
                     # again seconds after SIGCONT, gave it back, and the next owner replayed its last offsets)
-                    and int(x["consume_time"]) <= p_last
+                    and still_consuming(int(x["consume_time"]))
                     and (p.client_id not in key_scope
                          or any(y["client_id"] == x["client_id"] and int(y["consume_time"]) <= t
                                 for y in others))))), None)

@@ -125,9 +125,9 @@ class NameServer:
         if newer is not None:
             # HA (issue 15): a master superseded by a promotion comes back; it is told who the master is (it
             # becomes its slave and registers again as one) and does not take the route back.
-            live = newer.broker_addr in self.routes.broker_live_table
             log.warning("namesrv.superseded_master", broker_addr=addr, broker_name=name, master_epoch=epoch,
-                        master=newer.broker_addr, newer_master_epoch=newer.master_epoch, newer_master_live=live)
+                        master=newer.broker_addr, newer_master_epoch=newer.master_epoch,
+                        newer_master_live=newer.broker_addr in self.routes.broker_live_table)
             return RemotingCommand.response_to(cmd, ext={"masterAddr": newer.broker_addr,
                                                          "haServerAddr": newer.ha_server_addr,
                                                          "masterEpoch": newer.master_epoch})

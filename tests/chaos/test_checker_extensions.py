@@ -281,6 +281,9 @@ def test_a_consumer_resuming_its_queue_after_a_broker_restart_in_its_pause_is_it
     assert [(t.new_owner, t.ms, t.resumed) for t in r.takeovers] == [("A", 220, True)] and "q0=220 resumed" in r.text()
     r = run(tmp_path, 6, *parts, pauses=[Pause("A", 100, 300)])
     assert [(t.ms, t.idle, t.resumed) for t in r.takeovers] == [(None, False, False)]
+    # nor when the broker was killed just before the pause and served again (a promotion) during it
+    r = run(tmp_path, 6, *parts, pauses=[Pause("A", 100, 300)], broker_crashes=[BrokerCrash("b", 90, 200, {Q: 4})])
+    assert [(t.new_owner, t.resumed) for t in r.takeovers] == [("A", True)], r.text()
     # a broker restart after SIGCONT does not count
     r = run(tmp_path, 6, *parts, pauses=[Pause("A", 100, 300)], broker_crashes=[BrokerCrash("b", 310, 315, {Q: 4})])
     assert [(t.ms, t.resumed) for t in r.takeovers] == [(None, False)]

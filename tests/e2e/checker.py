@@ -787,8 +787,11 @@ def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]]
             after = next((r for r in recs if int(r["consume_time"]) >= s.time_ms and r["client_id"] != s.client_id),
                          None)
             resumed = False
+            # the queue's broker lost its lock table during the pause: killed then, or served again then (a promoted
+            # slave, or a restart, after a kill just before the pause: an ASYNC kill_master)
             if after is None and pause is not None and any(
-                    c.broker == q[1] and pause.stop_ms < c.time_ms < pause.cont_ms for c in crashes):
+                    c.broker == q[1] and (pause.stop_ms < c.time_ms < pause.cont_ms
+                                          or pause.stop_ms < c.restart_ms < pause.cont_ms) for c in crashes):
                 after = next((r for r in recs if int(r["consume_time"]) >= pause.cont_ms), None)
                 resumed = after is not None
             # an idle queue shows no takeover (chaos seed 11: the producer's last seconds all went to the other

@@ -22,7 +22,7 @@ handshakes), and as a SLAVE it follows its master (broker/store/ha/slave.py) and
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import trio
@@ -134,6 +134,9 @@ class HAController:
                                on_master=self._on_master)
         self.client.on_master_lost = self._on_master_lost
         self.client.on_cut = self._offsets_after_cut
+        #: Writes config/consumerOffset.json now (the broker wires the coordination service's, which serialises
+        #: writes); used after the clamp that follows a cut.
+        self.persist_offsets: Callable[[], Awaitable[object]] | None = None
         #: A demoted master's committed offsets may point into a tail its new master never had, until the first
         #: handshake cut it (``_offsets_after_cut``): no metadata sync hands them over before that (nor a slave's
         #: before its first handshake after a start).
@@ -328,15 +331,20 @@ class HAController:
             log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
                         why="past the queue's end in the promoted log")
 
-    def _offsets_after_cut(self) -> None:
+    async def _offsets_after_cut(self) -> None:
         """A demoted master's log lost the tail its successor never had: offsets its consumers committed into that
         tail go back to the queues' new ends. Their versions stay (they were made under the old master), so a newer
         commit on the new master wins the merge; otherwise this broker would hand the new master an offset that
-        skips the new master's own records at those queue offsets (chaos long ASYNC seed 13)."""
-        for group, topic, queue_id, offset, end, version in self._offsets_past_the_end():
+        skips the new master's own records at those queue offsets (chaos long ASYNC seed 13). Persisted before the
+        slave follows: once the new master's records fill those queue offsets, a restart could no longer tell such
+        an offset from a good one (long ASYNC seed 19: a crash before the next periodic write, then a promotion)."""
+        moved = self._offsets_past_the_end()
+        for group, topic, queue_id, offset, end, version in moved:
             self.offsets.merge_entry(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", queue_id, end, version)
             log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
                         why="past the queue's end after the cut of this broker's tail")
+        if moved and self.persist_offsets is not None:
+            await self.persist_offsets()
 
     def _offsets_past_the_end(self) -> list[tuple[str, str, int, int, int, CommitVersion]]:
         store, out = self.store, []

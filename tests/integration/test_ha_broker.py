@@ -4,7 +4,9 @@ SLAVE_NOT_AVAILABLE with no slave, FLUSH_SLAVE_TIMEOUT when the slave does not c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -245,6 +247,10 @@ async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
                 # master hands its new master never skips the new master's messages at U's offsets 2..4 (chaos long
                 # ASYNC seed 13: the old commit, newer than the synced one, was handed over and adopted)
                 assert a.offset_manager.query_offset("cg", "U", 0) == 2
+                # and on disk before the new master's records fill those offsets (long ASYNC seed 19: a crash before
+                # the next periodic write brought 5 back, where it no longer looked past the end)
+                on_disk = json.loads((Path(a_dir) / "config" / "consumerOffset.json").read_text())
+                assert on_disk["offsetTable"]["U@cg"]["0"] == 2
                 for i in range(3):
                     assert (await send(rclient, b.address, "U", 0, b"unew%d" % i)).code == ResponseCode.SUCCESS
                 assert await a.ha_controller.sync.sync_all(rclient)

@@ -11,7 +11,7 @@ later, to the master address in force then (configured, or learned from the name
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -57,7 +57,7 @@ class HAClient:
         self.on_master_lost: Callable[[], None] | None = None
         #: Called after the handshake cut this store's tail (the new master never had it), before the sync hears of
         #: the master: the broker moves its committed offsets that pointed into that tail.
-        self.on_cut: Callable[[], None] | None = None
+        self.on_cut: Callable[[], Awaitable[None]] | None = None
         #: True while a handshake succeeded and the connection is open (metrics: slave connection state).
         self.connected = False
         self.connected_address = ""
@@ -129,7 +129,7 @@ class HAClient:
             if ack.start_offset < cl.max_offset:
                 await self.writer.cut(ack.start_offset)
                 if self.on_cut is not None:
-                    self.on_cut()
+                    await self.on_cut()
             elif ack.start_offset > cl.max_offset and (cl.segments or cl.max_offset):
                 raise HAProtocolError(f"the master starts at {ack.start_offset}, past this slave's end "
                                       f"{cl.max_offset}")

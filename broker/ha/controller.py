@@ -133,12 +133,12 @@ class HAController:
                                housekeeping_interval_ms=config.ha_housekeeping_interval,
                                on_master=self._on_master)
         self.client.on_master_lost = self._on_master_lost
-        self.client.on_cut = self._offsets_after_cut
+        self.client.before_follow = self._offsets_before_follow
         #: Writes config/consumerOffset.json now (the broker wires the coordination service's, which serialises
         #: writes); used after the clamp that follows a cut.
         self.persist_offsets: Callable[[], Awaitable[object]] | None = None
         #: A demoted master's committed offsets may point into a tail its new master never had, until the first
-        #: handshake cut it (``_offsets_after_cut``): no metadata sync hands them over before that (nor a slave's
+        #: handshake cut it (``_offsets_before_follow``): no metadata sync hands them over before that (nor a slave's
         #: before its first handshake after a start).
         self._uncut_since_demotion = False
         self.sync = SlaveSynchronize(master_addr=self._sync_master_addr, topics=topics, groups=groups, offsets=offsets,
@@ -331,13 +331,18 @@ class HAController:
             log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
                         why="past the queue's end in the promoted log")
 
-    async def _offsets_after_cut(self) -> None:
-        """A demoted master's log lost the tail its successor never had: offsets its consumers committed into that
-        tail go back to the queues' new ends. Their versions stay (they were made under the old master), so a newer
-        commit on the new master wins the merge; otherwise this broker would hand the new master an offset that
-        skips the new master's own records at those queue offsets (chaos long ASYNC seed 13). Persisted before the
-        slave follows: once the new master's records fill those queue offsets, a restart could no longer tell such
-        an offset from a good one (long ASYNC seed 19: a crash before the next periodic write, then a promotion)."""
+    async def _offsets_before_follow(self) -> None:
+        """After a handshake, before following: committed offsets past a queue's end here go back to that end. A
+        demoted master's log lost the tail its successor never had, and its consumers' commits into that tail must
+        not reach the new master, whose own records take those queue offsets (chaos long ASYNC seed 13). Their
+        versions stay (made under the old master), so a newer commit on the new master wins the merge (a synced
+        entry merely ahead of this slave's replication comes back at the next sync, at the same version). Written to
+        disk before anything is followed: once the new master's records fill those queue offsets, a restart could
+        no longer tell such an offset from a good one (long ASYNC seed 19: a crash before the next periodic write,
+        then a promotion). Done at the first handshake since a demotion or a start, so a crash between the cut and
+        the write is caught at the next start."""
+        if not self._uncut_since_demotion:
+            return
         moved = self._offsets_past_the_end()
         for group, topic, queue_id, offset, end, version in moved:
             self.offsets.merge_entry(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", queue_id, end, version)

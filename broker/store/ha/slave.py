@@ -55,9 +55,9 @@ class HAClient:
         self.on_master = on_master
         #: Called when an established connection to the master ends (HA part 2: the slave readies itself to serve).
         self.on_master_lost: Callable[[], None] | None = None
-        #: Called after the handshake cut this store's tail (the new master never had it), before the sync hears of
-        #: the master: the broker moves its committed offsets that pointed into that tail.
-        self.on_cut: Callable[[], Awaitable[None]] | None = None
+        #: Awaited after each handshake, once the tail the master never had is cut and before anything is followed
+        #: (nor the sync told of the master): the broker moves committed offsets that point past its log's end.
+        self.before_follow: Callable[[], Awaitable[None]] | None = None
         #: True while a handshake succeeded and the connection is open (metrics: slave connection state).
         self.connected = False
         self.connected_address = ""
@@ -128,14 +128,14 @@ class HAClient:
                 return
             if ack.start_offset < cl.max_offset:
                 await self.writer.cut(ack.start_offset)
-                if self.on_cut is not None:
-                    await self.on_cut()
             elif ack.start_offset > cl.max_offset and (cl.segments or cl.max_offset):
                 raise HAProtocolError(f"the master starts at {ack.start_offset}, past this slave's end "
                                       f"{cl.max_offset}")
             if list(ack.history) != self.state.history:
                 self.state.adopt(ack.history)
                 await trio.to_thread.run_sync(self.state.save)
+            if self.before_follow is not None:
+                await self.before_follow()
             self.connected = True
             self.connected_address = addr
             self.connects += 1

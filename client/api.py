@@ -519,19 +519,22 @@ class MQClientAPI:
         resp = await self.invoke(addr, RequestCode.QUERY_CONSUMER_OFFSET, ext, timeout_ms=timeout_ms)
         return _int(resp.ext, "offset", "QUERY_CONSUMER_OFFSET", addr)
 
-    async def query_consumer_offset_generation(
+    async def query_consumer_offset_state(
         self, addr: str, consumer_group: str, mq: MessageQueue, *, timeout_ms: int | None = None
-    ) -> tuple[int, int | None]:
+    ) -> tuple[int, int | None, int | None]:
         """QUERY_CONSUMER_OFFSET: (offset, -1 when none is stored; the reset generation it was read under, None
-        from a broker that keeps none). Commits of that offset carry the generation back (issue 19)."""
+        from a broker that keeps none; the master epoch of the broker's log, None when it says none). Commits of
+        that offset carry the generation (issue 19) and the epoch (docs/PROTOCOL.md §7) back."""
         ext = {"consumerGroup": consumer_group, "topic": mq.topic, "queueId": mq.queue_id}
         resp = await self.invoke(addr, RequestCode.QUERY_CONSUMER_OFFSET, ext, timeout_ms=timeout_ms,
                                  ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
-        generation = (resp.ext or {}).get("resetGeneration")
+        rext = resp.ext or {}
+        generation, epoch = rext.get("resetGeneration"), rext.get("masterEpoch")
         generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else None
+        epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
-            return -1, generation
-        return _int(resp.ext, "offset", "QUERY_CONSUMER_OFFSET", addr), generation
+            return -1, generation, epoch
+        return _int(resp.ext, "offset", "QUERY_CONSUMER_OFFSET", addr), generation, epoch
 
     async def update_consumer_offset(
         self,

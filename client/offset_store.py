@@ -238,10 +238,13 @@ class RemoteBrokerOffsetStore(_MemoryOps):
         are: a slave's copy lags by a sync interval, and starting from it would re-consume what the previous
         holder committed (chaos seed 23)."""
         addr = await self._addr(mq, master=mq in self._lock_epochs)
-        offset, generation = await self.broker.api.query_consumer_offset_generation(
+        offset, generation, epoch = await self.broker.api.query_consumer_offset_state(
             addr, self.consumer_group, mq, timeout_ms=self.timeout_ms)
         self.set_reset_generation(mq, generation)
-        self._master_epochs.pop(mq, None)  # the broker's own offset: its epoch is known at the first pull answer
+        if epoch is None:  # a broker that does not say: known at the first pull answer
+            self._master_epochs.pop(mq, None)
+        else:
+            self._master_epochs[mq] = epoch
         if offset < 0:
             raise OffsetNotFoundError(ResponseCode.QUERY_NOT_FOUND, "no offset stored", addr, "QUERY_CONSUMER_OFFSET")
         return offset

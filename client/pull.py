@@ -291,7 +291,7 @@ class PullService:
                 tags=sub.tags_set,
                 timeout_ms=cfg.consumer_timeout_millis_when_suspend,
                 reset_generation=generation,
-                master_epoch=request.master_epoch,
+                master_epoch=request.master_epoch if request.master_epoch is not None else self._stored_epoch(mq),
             )
         except (RemotingError, MQBrokerError, MQClientError) as exc:
             self.stats["errors"] += 1
@@ -370,6 +370,11 @@ class PullService:
             if self.on_queue_removed is not None:
                 self.on_queue_removed()
         return None
+
+    def _stored_epoch(self, mq: MessageQueue) -> int | None:
+        """The master epoch of the log the offset store's position was read from (a first pull says it too)."""
+        epoch_of = getattr(self.offset_store, "master_epoch", None)
+        return epoch_of(mq) if epoch_of is not None else None
 
     async def _pull_addr(self, mq: MessageQueue) -> tuple[str, int]:
         """The address (and broker id) to pull ``mq`` from: see the module docstring."""

@@ -445,11 +445,13 @@ class CoordinationService:
         offset = self.offset_manager.query_offset(group, topic, qid)
         # The reset generation the offset is read under: the member's commits carry it back (issue 19).
         generation = self.offset_manager.reset_generation(group, topic)
+        ext: dict[str, Any] = {"resetGeneration": generation}
+        if self.epochs is not None:  # the log the offset stands in: the member's commits say it back (§7)
+            ext["masterEpoch"] = self.epochs.master_epoch
         if offset < 0:
             return RemotingCommand.response_to(cmd, ResponseCode.QUERY_NOT_FOUND,
-                                               f"no offset stored for group {group} on {topic} queue {qid}",
-                                               ext={"resetGeneration": generation})
-        return RemotingCommand.response_to(cmd, ext={"offset": offset, "resetGeneration": generation})
+                                               f"no offset stored for group {group} on {topic} queue {qid}", ext=ext)
+        return RemotingCommand.response_to(cmd, ext={"offset": offset, **ext})
 
     async def update_consumer_offset(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """UPDATE_CONSUMER_OFFSET (15, also oneway): store the offset; NO_PERMISSION when fenced."""

@@ -403,6 +403,9 @@ async def test_after_an_async_master_failover_positions_and_offsets_past_the_new
             # A commit says its position's epoch too (long ASYNC seed 12: a consumer that had read m1 from the old
             # master committed 2 to the promoted one, and the queue's next owner skipped m2): stored at most where
             # epoch 2 began; a commit of this epoch, or of none said (RocketMQ's clients), stands.
+            q = await call(rclient, slave.address, RC.QUERY_CONSUMER_OFFSET,
+                           {"consumerGroup": "cg", "topic": "T", "queueId": 0})
+            assert q.ext["masterEpoch"] == 2  # an offset read here stands in epoch 2's log: its commits say so
             for said, stored in ((1, 1), (2, 2), (None, 2)):
                 r = await call(rclient, slave.address, RC.UPDATE_CONSUMER_OFFSET,
                                {"consumerGroup": "cg2", "topic": "T", "queueId": 0, "commitOffset": 2,

@@ -116,6 +116,9 @@ class MemStore:
     def set_master_epoch(self, mq: MessageQueue, epoch: int) -> None:
         self.master_epochs[mq] = epoch
 
+    def master_epoch(self, mq: MessageQueue) -> int | None:
+        return self.master_epochs.get(mq)
+
     def update_offset(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
         self.table.update(mq, offset, increase_only)
 
@@ -206,6 +209,16 @@ async def test_a_pull_carries_the_master_epoch_its_position_was_reached_in(autoj
     assert client.api.calls[1]["master_epoch"] == 3 and pr.master_epoch == 3
     await ps.pull_once(pr)  # a broker that does not say keeps the last epoch known
     assert client.api.calls[2]["master_epoch"] == 3
+
+
+
+async def test_a_first_pull_says_the_epoch_of_the_log_its_stored_offset_was_read_from(autojump_clock: Any) -> None:
+    # Long ASYNC seed 24: a position read from the old master's offsets, pulled from the promoted one.
+    ps, _rb, client, store, _rec, pr = setup()
+    store.master_epochs[MQ] = 2
+    client.api.results = [PullResult(PullStatus.NO_NEW_MSG, 7, 0, 7)]
+    await ps.pull_once(pr)
+    assert client.api.calls[0]["master_epoch"] == 2
 
 
 async def test_the_offset_store_learns_the_master_epoch_of_a_kept_position_never_of_a_moved_one(

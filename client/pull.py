@@ -108,6 +108,9 @@ class PullService:
         self.client = client
         self.rebalance = rebalance
         self.offset_store = offset_store
+        #: The offset store's master-epoch stamp (RemoteBrokerOffsetStore; a local store keeps none), looked up once.
+        self._set_master_epoch: Callable[[MessageQueue, int], None] | None = getattr(
+            offset_store, "set_master_epoch", None)
         self.consume_service = consume_service
         self.consume_orderly = consume_orderly
         self.clock: Callable[[], int] = clock or (lambda: int(trio.current_time() * 1000))
@@ -323,9 +326,8 @@ class PullService:
         if result.master_epoch is not None and status is not PullStatus.OFFSET_ILLEGAL:
             request.master_epoch = result.master_epoch  # the log the next offset belongs to
             # and the consumed offsets below it (a position past a newer epoch's start is moved, never kept)
-            set_epoch = getattr(self.offset_store, "set_master_epoch", None)
-            if set_epoch is not None:
-                set_epoch(mq, result.master_epoch)
+            if self._set_master_epoch is not None:
+                self._set_master_epoch(mq, result.master_epoch)
         if status is PullStatus.FOUND:
             prev = request.next_offset
             request.next_offset = result.next_begin_offset

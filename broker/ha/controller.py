@@ -137,10 +137,10 @@ class HAController:
         #: Writes config/consumerOffset.json now (the broker wires the coordination service's, which serialises
         #: writes); used after the clamp that follows a cut.
         self.persist_offsets: Callable[[], Awaitable[object]] | None = None
-        #: A demoted master's committed offsets may point into a tail its new master never had, until the first
-        #: handshake cut it (``_offsets_before_follow``): no metadata sync hands them over before that (nor a slave's
-        #: before its first handshake after a start).
-        self._uncut_since_demotion = False
+        #: Until the first handshake since a demotion or a start, committed offsets may point into a tail the master
+        #: never had (cut by that handshake, then moved back by ``_offsets_before_follow``): no metadata sync hands
+        #: them over before that.
+        self._first_handshake_pending = False
         self.sync = SlaveSynchronize(master_addr=self._sync_master_addr, topics=topics, groups=groups, offsets=offsets,
                                      schedule=schedule, interval_ms=config.slave_synchronize_interval_ms,
                                      merge_offsets=merge_offsets)
@@ -184,7 +184,7 @@ class HAController:
         return self.learned_master_addr or (ack.master_addr if ack is not None else "")
 
     def _sync_master_addr(self) -> str:
-        return "" if self._uncut_since_demotion else self.master_addr()
+        return "" if self._first_handshake_pending else self.master_addr()
 
     def _slave_reason(self) -> str:
         master = self.master_addr() or self.master_ha_address() or "unknown"
@@ -227,7 +227,7 @@ class HAController:
             self.state.broker_role, self.state.broker_id = self.role, self.broker_id
             await trio.to_thread.run_sync(self.state.save)
         # a slave's store may hold a tail its master never had (a demoted master that stopped before the cut)
-        self._uncut_since_demotion = not self.is_master
+        self._first_handshake_pending = not self.is_master
         self._apply_role()
         log.info("ha.role", role=self.role, broker_id=self.broker_id, master_epoch=self.master_epoch,
                  ha_port=self.config.ha_port)
@@ -341,7 +341,7 @@ class HAController:
         no longer tell such an offset from a good one (long ASYNC seed 19: a crash before the next periodic write,
         then a promotion). Done at the first handshake since a demotion or a start, so a crash between the cut and
         the write is caught at the next start."""
-        if not self._uncut_since_demotion:
+        if not self._first_handshake_pending:
             return
         moved = self._offsets_past_the_end()
         for group, topic, queue_id, offset, end, version in moved:
@@ -362,7 +362,7 @@ class HAController:
 
     async def _become_slave(self, master_addr: str, master_ha_addr: str) -> None:
         old_role = self.role
-        self._uncut_since_demotion = old_role != SLAVE
+        self._first_handshake_pending = old_role != SLAVE
         self.role = SLAVE
         self.broker_id = self.config.broker_id if self.config.broker_role == SLAVE else 1
         self.learned_master_addr, self.learned_master_ha_addr = master_addr, master_ha_addr
@@ -400,7 +400,7 @@ class HAController:
             self.client.address_changed()
 
     def _on_master(self, ack: HelloAck) -> None:
-        self._uncut_since_demotion = False  # the handshake cut what the master never had (before this call)
+        self._first_handshake_pending = False  # the handshake cut what the master never had (before this call)
         if not self.learned_master_addr and ack.master_addr:
             self.store.not_writable_reason = self._slave_reason()
         self.sync.wake()  # (re)connected: merge offsets both ways now, not up to 10 s later

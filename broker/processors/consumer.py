@@ -503,13 +503,11 @@ class CoordinationService:
         messages, which the queue's next owner would skip (the pull check's twin: docs/PROTOCOL.md §7)."""
         epochs = self.epochs
         client_epoch = _field("UPDATE_CONSUMER_OFFSET", cmd.ext, "masterEpoch", "int", required=False)
-        if epochs is None or client_epoch is None or client_epoch >= epochs.master_epoch:
+        if epochs is None or client_epoch is None:
             return offset
-        start = epochs.next_epoch_start(client_epoch)
-        if start is None:
-            return offset
-        boundary = self.store.queue_offset_at(topic, queue_id, start)
-        if offset <= boundary:
+        store = self.store
+        boundary = epochs.lost_tail_boundary(client_epoch, lambda start: store.queue_offset_at(topic, queue_id, start))
+        if boundary is None or offset <= boundary:
             return offset
         log_rate_limited(self._truncated_log, (group, topic, queue_id), int(time.time() * 1000), log.warning,
                          "offset.position_truncated", group=group, topic=topic, queue_id=queue_id, offset=offset,

@@ -221,15 +221,12 @@ class PullService:
         ext = cmd.ext
         client_epoch = int_field(ext, "masterEpoch", -1)
         if client_epoch < 0 or client_epoch >= epochs.master_epoch:
-            return None
-        start = epochs.next_epoch_start(client_epoch)
-        if start is None:
-            return None
+            return None  # every pull of a current position: nothing more to read
         group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")
         queue_id, offset = int_field(ext, "queueId"), int_field(ext, "queueOffset")
         store = self.store
-        boundary = store.queue_offset_at(topic, queue_id, start)
-        if offset <= boundary:
+        boundary = epochs.lost_tail_boundary(client_epoch, lambda start: store.queue_offset_at(topic, queue_id, start))
+        if boundary is None or offset <= boundary:
             return None
         log_rate_limited(self._truncated_log, (group, topic, queue_id), int(time.time() * 1000), log.warning,
                          "pull.position_truncated", group=group, topic=topic, queue_id=queue_id, offset=offset,

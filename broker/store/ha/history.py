@@ -16,6 +16,7 @@ Pure functions and a small file; no trio.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,11 +88,15 @@ class HAState:
         if self.path is not None:
             write_json_atomic(self.path, self.to_json())
 
-    def next_epoch_start(self, epoch: int) -> int | None:
-        """The commit-log offset where the first master epoch newer than ``epoch`` began writing in this log; None
-        when ``epoch`` is the newest (a queue position reached under ``epoch`` past that offset's queue offset was
-        read from records this log does not have: an ASYNC master's lost tail)."""
-        return next((s for e, s in self.history if e > epoch), None)
+    def lost_tail_boundary(self, epoch: int, queue_offset_at: Callable[[int], int]) -> int | None:
+        """For a queue position reached under master epoch ``epoch``: the queue offset where the first newer epoch
+        began in this log (``queue_offset_at`` maps a commit-log offset to the queue's offset there), past which such
+        a position was read from records this log does not have (an ASYNC master's lost tail); None when ``epoch``
+        is not older than this log's newest (or unknown: negative)."""
+        if epoch < 0 or epoch >= self.master_epoch:
+            return None
+        start = next((s for e, s in self.history if e > epoch), None)
+        return None if start is None else queue_offset_at(start)
 
     def begin_epoch(self, epoch: int, start_offset: int) -> None:
         """Record that master epoch ``epoch`` writes from ``start_offset`` on (a promotion, a first master)."""

@@ -206,6 +206,14 @@ async def test_an_old_master_returning_while_its_promoted_slave_is_down_waits_as
         stop_b.set()  # the promoted master goes down too
         await b_stopped.wait()
         await until(lambda: ns.routes.master_of("broker-a") == ("", None), "no live master")
+        # a slave registering now is told the newest epoch all the same (what a promotion of it must go above)
+        r = await call(rclient, ns.address, RC.REGISTER_BROKER,
+                       {"brokerAddr": "10.9.9.9:10911", "brokerName": "broker-a", "clusterName": "DefaultCluster",
+                        "brokerId": 1}, {"topicConfigTable": {}})
+        assert r.code == ResponseCode.SUCCESS and (r.ext["masterAddr"], r.ext["masterEpoch"]) == ("", 2), r.ext
+        await call(rclient, ns.address, RC.UNREGISTER_BROKER,
+                   {"brokerAddr": "10.9.9.9:10911", "brokerName": "broker-a", "clusterName": "DefaultCluster",
+                    "brokerId": 1})
         # the old master comes back on its store: it is told of the promoted master and waits as its slave
         a = await nursery.start(run_broker, broker_factory, a_cfg, trio.Event())
         await until(lambda: a.ha_controller.role == "SLAVE", "the old master superseded")

@@ -506,8 +506,9 @@ class CoordinationService:
         if epochs is None or client_epoch is None:
             return offset
         store = self.store
-        boundary = epochs.lost_tail_boundary(client_epoch, lambda start: store.queue_offset_at(topic, queue_id, start))
-        if boundary is None or offset <= boundary:
+        boundary = epochs.lost_tail_boundary(client_epoch, offset,
+                                             lambda start: store.queue_offset_at(topic, queue_id, start))
+        if boundary is None:
             return offset
         log_rate_limited(self._truncated_log, (group, topic, queue_id), int(time.time() * 1000), log.warning,
                          "offset.position_truncated", group=group, topic=topic, queue_id=queue_id, offset=offset,

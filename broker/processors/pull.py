@@ -225,8 +225,9 @@ class PullService:
         group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")
         queue_id, offset = int_field(ext, "queueId"), int_field(ext, "queueOffset")
         store = self.store
-        boundary = epochs.lost_tail_boundary(client_epoch, lambda start: store.queue_offset_at(topic, queue_id, start))
-        if boundary is None or offset <= boundary:
+        boundary = epochs.lost_tail_boundary(client_epoch, offset,
+                                             lambda start: store.queue_offset_at(topic, queue_id, start))
+        if boundary is None:
             return None
         log_rate_limited(self._truncated_log, (group, topic, queue_id), int(time.time() * 1000), log.warning,
                          "pull.position_truncated", group=group, topic=topic, queue_id=queue_id, offset=offset,

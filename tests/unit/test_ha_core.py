@@ -160,12 +160,12 @@ async def test_a_slave_that_disconnects_releases_the_waits_as_slave_not_availabl
 def test_the_lost_tail_boundary_of_a_position_from_an_older_epoch() -> None:
     """Pulls and commits share it (docs/PROTOCOL.md §7): a position reached under an older epoch, past the queue
     offset where the first newer epoch began in this log, was read from records this log does not have."""
-
     state = HAState(None, history=[(1, 0), (2, 500), (4, 900)])
     at = {500: 7, 900: 12}.__getitem__  # commit-log offset -> the queue's offset there
-    assert state.lost_tail_boundary(1, at) == 7  # epoch 2 began at 500
-    assert state.lost_tail_boundary(2, at) == 12  # epoch 3 never wrote here: the next newer one is 4
-    assert state.lost_tail_boundary(3, at) == 12
-    assert state.lost_tail_boundary(4, at) is None  # the newest: nothing lost
-    assert state.lost_tail_boundary(5, at) is None
-    assert state.lost_tail_boundary(-1, at) is None  # not said
+    assert state.lost_tail_boundary(1, 9, at) == 7  # epoch 2 began at 500, queue offset 7
+    assert state.lost_tail_boundary(1, 7, at) is None  # at the boundary: the position stands
+    assert state.lost_tail_boundary(2, 13, at) == 12  # epoch 3 never wrote here: the next newer one is 4
+    assert state.lost_tail_boundary(3, 13, at) == 12
+    assert state.lost_tail_boundary(4, 99, at) is None  # the newest: nothing lost
+    assert state.lost_tail_boundary(5, 99, at) is None
+    assert state.lost_tail_boundary(-1, 99, at) is None  # not said

@@ -88,15 +88,18 @@ class HAState:
         if self.path is not None:
             write_json_atomic(self.path, self.to_json())
 
-    def lost_tail_boundary(self, epoch: int, queue_offset_at: Callable[[int], int]) -> int | None:
-        """For a queue position reached under master epoch ``epoch``: the queue offset where the first newer epoch
-        began in this log (``queue_offset_at`` maps a commit-log offset to the queue's offset there), past which such
-        a position was read from records this log does not have (an ASYNC master's lost tail); None when ``epoch``
-        is not older than this log's newest (or unknown: negative)."""
+    def lost_tail_boundary(self, epoch: int, offset: int, queue_offset_at: Callable[[int], int]) -> int | None:
+        """For a queue position ``offset`` reached under master epoch ``epoch``: the queue offset where the first
+        newer epoch began in this log (``queue_offset_at`` maps a commit-log offset to the queue's offset there)
+        when ``offset`` lies past it, i.e. was read from records this log does not have (an ASYNC master's lost
+        tail); None when the position stands (``epoch`` not older than this log's newest, or negative: not said)."""
         if epoch < 0 or epoch >= self.master_epoch:
             return None
         start = next((s for e, s in self.history if e > epoch), None)
-        return None if start is None else queue_offset_at(start)
+        if start is None:
+            return None
+        boundary = queue_offset_at(start)
+        return boundary if offset > boundary else None
 
     def begin_epoch(self, epoch: int, start_offset: int) -> None:
         """Record that master epoch ``epoch`` writes from ``start_offset`` on (a promotion, a first master)."""

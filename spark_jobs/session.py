@@ -120,6 +120,21 @@ def session_conf(master: str | None, temp_root: str, app_name: str = "trimq-audi
     return conf
 
 
+#: Settings whose values are lists of JVM options: the caller's are appended to ours, not put in their place.
+JVM_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+
+
+def merge_conf(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
+    """``base`` updated with ``overrides``, except that JVM options add to ours (a user's
+    ``--conf spark.driver.extraJavaOptions=...`` keeps Derby's home out of the cwd)."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if key in JVM_OPTION_KEYS and merged.get(key):
+            value = f"{merged[key]} {value}".strip()
+        merged[key] = value
+    return merged
+
+
 def build_session(
     master: str | None = "local[*]",
     app_name: str = "trimq-audit",
@@ -138,7 +153,7 @@ def build_session(
     temp_root = tempfile.mkdtemp(prefix="trimq-spark-")
     previous = {} if running else prepare_environment(master, temp_root)
     builder = SparkSession.builder
-    for key, value in {**session_conf(master, temp_root, app_name), **(conf or {})}.items():
+    for key, value in merge_conf(session_conf(master, temp_root, app_name), conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

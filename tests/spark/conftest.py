@@ -20,27 +20,15 @@ def _java_available() -> bool:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """local[2], UI off, 2 shuffle partitions, quiet, loopback only, temp dirs outside the cwd.
-
-    Whole-stage code generation is off: the test stores are tiny, so compiling generated code for
-    every stage costs more than running it interpreted (about 40% of the audit's time here), and
-    adaptive execution turns each shuffle into a job of its own (twice the jobs).
-    """
+    """local[2], UI off, quiet, loopback only, temp dirs outside the cwd, with the settings for tiny stores
+    and short-lived JVMs (small_spark.SMALL_STORE_CONF, which says why)."""
     if not _java_available():
         pytest.skip("no Java runtime: the Spark tests need one (JAVA_HOME or java on PATH)")
+    from small_spark import SMALL_STORE_CONF
+
     from trimq.spark_jobs.session import build_session, stop_session
 
-    session = build_session(
-        "local[2]",
-        app_name="trimq-tests",
-        conf={
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.sql.codegen.wholeStage": "false",
-            "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-            "spark.sql.adaptive.enabled": "false",
-        },
-    )
+    session = build_session("local[2]", app_name="trimq-tests", conf=SMALL_STORE_CONF)
     yield session
     stop_session(session)
 

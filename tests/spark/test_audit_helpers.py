@@ -148,3 +148,16 @@ def test_frozen_reference_reports_the_planted_defects(tmp_path: Path) -> None:
     assert {k: v["by_kind"] for k, v in rep["checks"].items() if v["by_kind"]} == {
         "consume_queue": {"unit_mismatch": 1, "missing_unit": 2}, "retry_lineage": {"retry_without_origin": 1}}
     assert rep["lineage"]["chains"] == 4
+
+
+def test_a_users_jvm_options_add_to_the_sessions_own() -> None:
+    """``--conf spark.driver.extraJavaOptions=...`` used to replace the session's, whose Derby home keeps
+    derby.log out of the cwd."""
+    from trimq.spark_jobs.session import merge_conf, session_conf
+
+    base = session_conf("local[2]", "/tmp/t")
+    merged = merge_conf(base, {"spark.driver.extraJavaOptions": "-Xss4m", "spark.executor.extraJavaOptions": "-Xss2m",
+                               "spark.app.name": "mine"})
+    assert merged["spark.driver.extraJavaOptions"] == "-Dderby.system.home=/tmp/t/derby -Xss4m"
+    assert merged["spark.executor.extraJavaOptions"] == "-Xss2m" and merged["spark.app.name"] == "mine"
+    assert base["spark.driver.extraJavaOptions"] == "-Dderby.system.home=/tmp/t/derby"

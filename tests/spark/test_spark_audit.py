@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,34 +113,23 @@ def test_bare_rocketmq_commitlog_audits_clean(spark, tmp_path: Path) -> None:
 AUDIT_BIN = Path(sys.executable).with_name("trimq-audit")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not AUDIT_BIN.exists(), reason="trimq-audit console script not installed in this venv")
-def test_cli_runs_a_windowed_audit_in_its_own_jvm(tmp_path: Path) -> None:
-    """The console script as a user runs it: its own JVM, --since, nothing written to the cwd."""
+def test_a_windowed_audit_checks_only_the_records_stored_since(spark, tmp_path: Path) -> None:
+    """``--since``: the second half of a clean store. (The console script in its own JVM, with ``--since``,
+    nothing written to the cwd and no log noise, is the cluster test's run: tests/spark/test_spark_cluster.py.)"""
     store = tmp_path / "store"
     info = build_clean_store(store)
     since = info["builder"].records[len(info["builder"].records) // 2].store_timestamp
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "SPARK_LOCAL_IP", "PYTHONPATH")}
-    proc = subprocess.run(
-        [str(AUDIT_BIN), "--store", str(store), "--out", str(tmp_path / "out"), "--master", "local[2]",
-         "--since", str(since), "--split-size", "2k", "--json", "-q",
-         "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.sql.codegen.wholeStage=false"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout)
+    summary = audit_store(spark, store, tmp_path / "out", split_size=SPLIT_SIZE, since_ms=since)
     assert summary["since"] == since and summary["clean"]
     assert 0 < summary["records"]["messages"] < info["messages"]
-    assert list(cwd.iterdir()) == []
-    # Only the JDK's one unavoidable line; no Spark log banner.
-    noise = [ln for ln in proc.stderr.splitlines() if ln.strip() and "incubator" not in ln]
-    assert noise == [], proc.stderr[-2000:]
 
+
+@pytest.mark.skipif(not AUDIT_BIN.exists(), reason="trimq-audit console script not installed in this venv")
+def test_cli_usage_error_starts_no_jvm(tmp_path: Path) -> None:
     usage = subprocess.run([str(AUDIT_BIN), "--store", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")],
-                           cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2 and "not a directory" in usage.stderr
+    assert usage.stderr.count("\n") == 1  # the error line alone: no JVM banner
 
 
 def test_planted_consume_queue_and_lineage_gaps(spark, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The audit on a real Spark standalone cluster (master + worker on loopback, from deploy/spark/), compared
 with the same audit on local[*] (the shared ``planted_audit``, tests/spark/conftest.py): the same summary,
-finding for finding."""
+finding for finding. It is also the test of the console script as a user runs it: its own driver JVM,
+``--since``, nothing written to the cwd, no log noise."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from small_spark import TEST_JAVA_OPTIONS, conf_args
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -19,11 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 START = REPO / "deploy" / "spark" / "start-local-cluster.sh"
 STOP = REPO / "deploy" / "spark" / "stop-local-cluster.sh"
 AUDIT_BIN = Path(sys.executable).with_name("trimq-audit")
-# Tiny store: the same settings as the shared local session (tests/spark/conftest.py).
-SMALL_CONF = ["spark.sql.shuffle.partitions=2", "spark.default.parallelism=2", "spark.sql.adaptive.enabled=false",
-              "spark.sql.codegen.wholeStage=false", "spark.sql.codegen.factoryMode=NO_CODEGEN",
-              "spark.executor.memory=1g"]
-VOLATILE = ("generated_at", "elapsed_s", "out", "outputs", "spark")
+VOLATILE = ("generated_at", "elapsed_s", "out", "outputs", "spark", "since", "since_iso")
+SINCE = "2000-01-01T00:00:00Z"
 
 
 def _free_port() -> int:
@@ -43,7 +42,8 @@ def test_audit_on_a_standalone_cluster_equals_local(planted_audit, tmp_path: Pat
     env = {k: v for k, v in os.environ.items()
            if k not in ("SPARK_HOME", "SPARK_CONF_DIR", "PYTHONPATH", "PYSPARK_GATEWAY_PORT")}
     env.update({"STATE_DIR": str(tmp_path / "cluster"), "SPARK_MASTER_PORT": str(port), "WORKER_CORES": "2",
-                "WORKER_MEMORY": "1g", "PYTHON": sys.executable})
+                "WORKER_MEMORY": "1g", "PYTHON": sys.executable,
+                "SPARK_DAEMON_JAVA_OPTS": TEST_JAVA_OPTIONS})
     starter = subprocess.Popen([str(START)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = starter.communicate(timeout=120)
@@ -52,20 +52,27 @@ def test_audit_on_a_standalone_cluster_equals_local(planted_audit, tmp_path: Pat
         assert master == f"spark://127.0.0.1:{port}"
         cli_env = {k: v for k, v in env.items() if k not in ("STATE_DIR", "SPARK_MASTER_PORT")}
         cli_env["SPARK_LOCAL_IP"] = "127.0.0.1"  # the driver, like the cluster, on loopback
-        # Default splits here, 2000-byte ones in the local run: the report must not depend on them.
+        # Default splits here, 2000-byte ones in the local run: the report must not depend on them. A window
+        # that starts before every record changes nothing but the summary's "since".
         cmd = [str(AUDIT_BIN), "--store", str(store), "--out", str(tmp_path / "remote"), "--master", master,
-               "--examples", str(planted_audit.example_limit), "--json", "-q"]
-        for item in SMALL_CONF:
-            cmd += ["--conf", item]
-        proc = subprocess.run(cmd, env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+               "--since", SINCE, "--examples", str(planted_audit.example_limit), "--json", "-q"]
+        cmd += conf_args({"spark.executor.memory": "1g"})
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        proc = subprocess.run(cmd, env=cli_env, cwd=cwd, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1, proc.stderr[-3000:]  # the planted defects, as locally
         remote = json.loads(proc.stdout)
+        assert list(cwd.iterdir()) == []
+        # Only the JDK's one unavoidable line; no Spark log banner.
+        noise = [ln for ln in proc.stderr.splitlines() if ln.strip() and "incubator" not in ln]
+        assert noise == [], proc.stderr[-2000:]
     finally:
         if starter.poll() is None:
             starter.kill()
             starter.wait()
         subprocess.run([str(STOP)], env=env, timeout=60, check=False)
     assert remote["spark"]["master"] == master and local["spark"]["master"].startswith("local")
+    assert (remote["since"], remote["since_iso"]) == (946_684_800_000, SINCE) and local["since"] is None
     assert _comparable(remote) == _comparable(local)
     assert remote["defects"] == 6 and remote["records"]["messages"] == local["records"]["messages"] > 0
     # The executors ran the shipped zip (trimq/...): the cluster's work dir holds it for the application.

@@ -462,12 +462,15 @@ class MQClientAPI:
         timeout_ms: int | None = None,
         reset_generation: int | None = None,
         master_epoch: int | None = None,
+        lock_epoch: int | None = None,
     ) -> PullResult:
         """PULL_MESSAGE, decoded and tag-filtered. Other response codes raise MQBrokerError. ``reset_generation``
         (trimq): the reset generation ``commit_offset`` was read under (a pull made before a reset of the
         group's offsets does not write its commit offset over it). ``master_epoch`` (trimq): the master epoch
         under which ``queue_offset`` was reached (a broker whose log moved to a newer epoch moves a position past
-        where that one began back there: PULL_OFFSET_MOVED)."""
+        where that one began back there: PULL_OFFSET_MOVED). ``lock_epoch`` (trimq): the fencing epoch of the queue
+        lock ``commit_offset`` was consumed under (an orderly consumer's): the commit is judged and ranked by it, as
+        UPDATE_CONSUMER_OFFSET's ``lockEpoch`` is."""
         ext = {
             "consumerGroup": consumer_group,
             "topic": mq.topic,
@@ -484,6 +487,8 @@ class MQClientAPI:
             ext["resetGeneration"] = reset_generation
         if master_epoch is not None:
             ext["masterEpoch"] = master_epoch
+        if lock_epoch is not None:
+            ext["lockEpoch"] = lock_epoch
         # built directly (every field is set): this is the consumer's hottest request
         cmd = RemotingCommand(RequestCode.PULL_MESSAGE, 0, 0, 0, None, ext, None)
         timeout = (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000

@@ -111,6 +111,8 @@ class PullService:
         #: The offset store's master-epoch stamp (RemoteBrokerOffsetStore; a local store keeps none), looked up once.
         self._set_master_epoch: Callable[[MessageQueue, int], None] | None = getattr(
             offset_store, "set_master_epoch", None)
+        #: The offset store's queue-lock epochs (an orderly consumer's grants), sent with each pull's commit offset.
+        self._lock_epoch: Callable[[MessageQueue], int | None] | None = getattr(offset_store, "lock_epoch", None)
         self.consume_service = consume_service
         self.consume_orderly = consume_orderly
         self.clock: Callable[[], int] = clock or (lambda: int(trio.current_time() * 1000))
@@ -263,10 +265,12 @@ class PullService:
 
         commit_offset = 0
         generation = None
+        lock_epoch = None
         if self.rebalance.clustering:
             stored = await self.offset_store.read_offset(mq, READ_FROM_MEMORY)
             if stored > 0:
                 commit_offset = stored
+                lock_epoch = self._lock_epoch(mq) if self._lock_epoch is not None else None
                 # the reset generation that offset belongs to: a pull made before a reset cannot undo it
                 reset_generation = getattr(self.offset_store, "reset_generation", None)
                 generation = reset_generation(mq) if reset_generation is not None else None
@@ -295,6 +299,7 @@ class PullService:
                 timeout_ms=cfg.consumer_timeout_millis_when_suspend,
                 reset_generation=generation,
                 master_epoch=request.master_epoch if request.master_epoch is not None else self._stored_epoch(mq),
+                lock_epoch=lock_epoch,
             )
         except (RemotingError, MQBrokerError, MQClientError) as exc:
             self.stats["errors"] += 1

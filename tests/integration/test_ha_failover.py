@@ -176,6 +176,54 @@ async def test_a_commit_under_an_older_lock_grant_never_rewinds_a_queue_across_i
         nursery.cancel_scope.cancel()
 
 
+async def test_a_pull_commit_in_a_promoted_masters_grace_outranks_the_old_masters_older_commit(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
+        tmp_path: Any) -> None:
+    """Long ASYNC seed 24: in the promoted master's restart grace (nobody may lock yet) the holder went on consuming
+    and its pulls committed 444; a pull's commit said no lock epoch, so it ranked under the older one of the
+    promoted master's stale table, and the demoted old master's earlier commit (442, under a later grant of its
+    lifetime) won the merge: the queue went back. A pull's commit now says the grant it was consumed under."""
+    from trimq.client.admin import open_admin
+
+    q0 = MessageQueue("T", "broker-a", 0)
+    sub = {"topic": "T", "subString": "*", "tagsSet": [], "codeSet": [], "subVersion": 1}
+    async with namesrv_factory() as ns, trio.open_nursery() as nursery, \
+            RemotingClient(default_timeout_s=10) as rc_a:
+        a = MQClientAPI(rc_a, timeout_ms=10_000)
+        pair = Pair(nursery, broker_factory, ns.address, tmp_path)
+        master, slave = await pair.start()
+        for i in range(20):
+            assert (await send(rclient, master.address, "T", 0, b"m%d" % i)).code == ResponseCode.SUCCESS
+        await until(lambda: slave.store.commitlog.max_offset == master.store.commitlog.max_offset, "caught up")
+        await a.heartbeat(master.address, HeartbeatData("a", [], [ConsumerData(
+            "cg", "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_FIRST_OFFSET", True, [sub])]))
+        e1 = (await a.lock_batch_mq_lease(master.address, "cg", "a", [q0])).epochs[q0]
+        await a.update_consumer_offset(master.address, "cg", q0, 10, "a", lock_epoch=e1)
+        assert await slave.ha_controller.sync.sync_all(rclient)  # the slave's last view: 10 under e1
+        await a.unlock_batch_mq(master.address, "cg", "a", [q0])
+        e2 = (await a.lock_batch_mq_lease(master.address, "cg", "a", [q0])).epochs[q0]
+        assert e2 > e1
+        await a.update_consumer_offset(master.address, "cg", q0, 12, "a", lock_epoch=e2)
+        await pair.stop()
+        async with open_admin(ns.address) as admin:
+            assert (await admin.broker_promote("broker-a", 1)).master_epoch == 2
+        assert slave.lock_manager.in_restart_grace()
+        # the holder goes on under its grant e2 and pulls from the promoted master, committing 14 on the way
+        result = await a.pull_message(slave.address, consumer_group="cg", mq=q0, queue_offset=14, max_msg_nums=4,
+                                      sys_flag=1, commit_offset=14, suspend_timeout_millis=0, subscription="*",
+                                      sub_version=1, lock_epoch=e2)
+        assert result.status.name == "FOUND"
+        assert slave.offset_manager.commit_version("cg", "T", 0).lock_epoch == e2
+        # the old master comes back on its store, is superseded, follows and hands over its older 12 (under e2 too)
+        old = await pair.restart()
+        await until(lambda: old.ha_controller.role == "SLAVE" and old.ha_controller.client.connected,
+                    "the old master following the promoted one", timeout=15)
+        assert await old.ha_controller.sync.sync_all(rclient)
+        assert await query(rclient, slave.address, 0) == 14
+        assert await query(rclient, old.address, 0) == 14
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_old_master_returning_while_its_promoted_slave_is_down_waits_as_that_ones_slave(
         broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
         tmp_path: Any) -> None:

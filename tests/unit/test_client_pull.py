@@ -110,6 +110,7 @@ class MemStore:
         self.stored: dict[MessageQueue, int] = {}
         self.persisted: list[MessageQueue] = []
         self.master_epochs: dict[MessageQueue, int] = {}
+        self.lock_epochs: dict[MessageQueue, int] = {}
 
     async def load(self) -> None: ...
 
@@ -118,6 +119,9 @@ class MemStore:
 
     def master_epoch(self, mq: MessageQueue) -> int | None:
         return self.master_epochs.get(mq)
+
+    def lock_epoch(self, mq: MessageQueue) -> int | None:
+        return self.lock_epochs.get(mq)
 
     def update_offset(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
         self.table.update(mq, offset, increase_only)
@@ -236,6 +240,19 @@ async def test_the_offset_store_learns_the_master_epoch_of_a_kept_position_never
     client.api.results = [moved]
     await ps.pull_once(pr)
     assert store.master_epochs == {MQ: 1}
+
+
+async def test_a_pulls_commit_offset_says_the_lock_epoch_it_was_consumed_under(autojump_clock: Any) -> None:
+    # Long ASYNC seed 24: without it, a commit in a promoted master's restart grace ranked below an older one.
+    ps, _rb, client, store, _rec, pr = setup()
+    store.lock_epochs[MQ] = (3 << 32) | 7
+    client.api.results = [found(7, 5, 6)]
+    await ps.pull_once(pr)
+    assert client.api.calls[-1]["commit_offset"] == 0 and client.api.calls[-1]["lock_epoch"] is None  # nothing stored
+    store.update_offset(MQ, 5, False)
+    client.api.results = [found(9, 7, 8)]
+    await ps.pull_once(pr)
+    assert client.api.calls[-1]["commit_offset"] == 5 and client.api.calls[-1]["lock_epoch"] == (3 << 32) | 7
 
 
 async def test_flow_control_and_pause_and_errors(autojump_clock: Any) -> None:

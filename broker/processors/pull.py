@@ -319,9 +319,9 @@ class PullService:
         if commit < 0:
             return
         generation = int_field(ext, "resetGeneration", -1)  # a pull sent before a reset is refused (issue 19)
-        # The lock grant the commit was made under (trimq): judged and ranked by it as UPDATE_CONSUMER_OFFSET is. Without
-        # it, a commit in a promoted master's restart grace (no holder yet) ranked below the old master's older commit
-        # of a later lock sequence, which its demoted master then handed over (long ASYNC seed 24).
+        # The lock grant the commit was made under (trimq): judged and ranked by it as UPDATE_CONSUMER_OFFSET is.
+        # Without it, a commit in a promoted master's restart grace (no holder yet) ranked below the old master's
+        # older commit of a later lock sequence, which the demoted old master then handed over (long ASYNC seed 24).
         lock_epoch = int_field(ext, "lockEpoch", -1)
         try:
             self.offsets.commit_offset(group, topic, queue_id, commit, conn.attributes.get("client_id"), source="pull",

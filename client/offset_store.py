@@ -10,8 +10,8 @@
 
 Orderly consumers fence their commits (issue 14): the rebalance tells the remote store the fencing epoch of
 each queue lock it holds (:meth:`RemoteBrokerOffsetStore.set_lock_epoch`), and every UPDATE_CONSUMER_OFFSET of
-that queue carries it (``lockEpoch``), so the broker refuses a commit made under a lock that has since been
-granted to someone else.
+that queue carries it (``lockEpoch``), as does every pull's commit offset (client/pull.py), so the broker refuses a
+commit made under a lock that has since been granted to someone else, and ranks the others by it.
 
 Resets (issue 19): the store remembers, per queue, the reset generation its offset was read under (from
 QUERY_CONSUMER_OFFSET, or from the reset notification, client/admin_handlers.py) and every commit carries it

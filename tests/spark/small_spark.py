@@ -1,8 +1,8 @@
 """Spark settings for the tests: tiny stores read by short-lived JVMs.
 
 The tests' JVMs live for seconds on stores of a few KB, so nearly all their CPU goes to warming up:
-C1 alone compiles what a short run needs (C2's compiler threads cost more than they save here, ~25% of
-a test audit's time), whole-stage code generation compiles more code than the tiny stages run, and
+C1 alone compiles what a short run needs (C2's compiler threads cost more than they save here: the cluster
+test took 72 s instead of 84 s on 2 cores), whole-stage code generation compiles more code than the tiny stages run, and
 adaptive execution turns each shuffle into a job of its own (twice the jobs). The audit's defaults for
 real stores are not these.
 """

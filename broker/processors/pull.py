@@ -30,7 +30,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
@@ -240,6 +240,7 @@ class PullService:
         """The pull answered at once (messages found, or no suspend asked), or held without a task (DEFERRED);
         None when it must take the task path (the full handler then does everything again, commit included)."""
         group, topic, queue_id, offset, max_nums, sys_flag, tag_codes = self._parse(cmd, conn)
+        commit = _commit_fields(cmd.ext, sys_flag)
         moved = self._truncated(cmd)
         if moved is not None:  # its commit offset is of the lost records too: not applied
             return self._response(cmd, ResponseCode.PULL_OFFSET_MOVED, moved)
@@ -248,25 +249,22 @@ class PullService:
         if code == ResponseCode.PULL_NOT_FOUND and sys_flag & SYSFLAG_SUSPEND:
             if not self._hold_fast(cmd, conn, group, topic, queue_id, max_nums, tag_codes, result):
                 return None
-            if sys_flag & SYSFLAG_COMMIT_OFFSET:
-                self._commit_offset(group, topic, queue_id, cmd.ext, conn)
+            self._commit_offset(group, topic, queue_id, commit, conn)
             return DEFERRED
-        if sys_flag & SYSFLAG_COMMIT_OFFSET:
-            self._commit_offset(group, topic, queue_id, cmd.ext, conn)
+        self._commit_offset(group, topic, queue_id, commit, conn)
         self._count(topic, group, result)
         return self._response(cmd, code, result)
 
     async def pull_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         group, topic, queue_id, offset, max_nums, sys_flag, tag_codes = self._parse(cmd, conn)
+        commit = _commit_fields(cmd.ext, sys_flag)
         moved = self._truncated(cmd)
         if moved is not None:
             return self._response(cmd, ResponseCode.PULL_OFFSET_MOVED, moved)
         ext = cmd.ext
         result = self.store.get_message(topic, queue_id, offset, max_nums, tag_codes)
         code = self._code(result, offset)
-
-        if sys_flag & SYSFLAG_COMMIT_OFFSET:
-            self._commit_offset(group, topic, queue_id, ext, conn)
+        self._commit_offset(group, topic, queue_id, commit, conn)
 
         if code == ResponseCode.PULL_NOT_FOUND and sys_flag & SYSFLAG_SUSPEND:
             if self.config.long_polling_enable:
@@ -314,19 +312,14 @@ class PullService:
                 continue
             return result, code
 
-    def _commit_offset(self, group: str, topic: str, queue_id: int, ext: dict[str, Any], conn: Connection) -> None:
-        commit = int_field(ext, "commitOffset", -1)
-        if commit < 0:
+    def _commit_offset(self, group: str, topic: str, queue_id: int, commit: _PullCommit | None,
+                       conn: Connection) -> None:
+        if commit is None:
             return
-        generation = int_field(ext, "resetGeneration", -1)  # a pull sent before a reset is refused (issue 19)
-        # The lock grant the commit was made under (trimq): judged and ranked by it as UPDATE_CONSUMER_OFFSET is.
-        # Without it, a commit in a promoted master's restart grace (no holder yet) ranked below the old master's
-        # older commit of a later lock sequence, which the demoted old master then handed over (long ASYNC seed 24).
-        lock_epoch = int_field(ext, "lockEpoch", -1)
         try:
-            self.offsets.commit_offset(group, topic, queue_id, commit, conn.attributes.get("client_id"), source="pull",
-                                       lock_epoch=lock_epoch if lock_epoch >= 0 else None,
-                                       reset_generation=generation if generation >= 0 else None)
+            self.offsets.commit_offset(group, topic, queue_id, commit.offset, conn.attributes.get("client_id"),
+                                       source="pull", lock_epoch=commit.lock_epoch,
+                                       reset_generation=commit.reset_generation)
         except Exception:
             log.exception("pull.commit_offset_failed", group=group, topic=topic, queue_id=queue_id)
 
@@ -350,6 +343,30 @@ class PullService:
             ext["masterEpoch"] = self.epochs.master_epoch
         body = result.body if code == ResponseCode.SUCCESS else None
         return RemotingCommand(code=int(code), opaque=cmd.opaque, flag=1, ext=ext, body=body)
+
+
+class _PullCommit(NamedTuple):
+    """A pull's commit offset (sysFlag 0x1) and what it was read and consumed under."""
+
+    offset: int
+    #: The reset generation the offset was read under: a pull sent before a reset is refused (issue 19).
+    reset_generation: int | None
+    #: The lock grant it was consumed under (trimq): judged and ranked by it as UPDATE_CONSUMER_OFFSET is. Without
+    #: it, a commit in a promoted master's restart grace (no holder yet) ranked below the old master's older commit
+    #: of a later lock sequence, which the demoted old master then handed over (long ASYNC seed 24).
+    lock_epoch: int | None
+
+
+def _commit_fields(ext: dict[str, Any], sys_flag: int) -> _PullCommit | None:
+    """The pull's commit, None without one. Read before anything is read or held: a malformed field is the pull's
+    error answer, never an error after its hold began (which left the hold behind)."""
+    if not sys_flag & SYSFLAG_COMMIT_OFFSET:
+        return None
+    offset = int_field(ext, "commitOffset", -1)
+    if offset < 0:
+        return None
+    generation, lock_epoch = int_field(ext, "resetGeneration", -1), int_field(ext, "lockEpoch", -1)
+    return _PullCommit(offset, generation if generation >= 0 else None, lock_epoch if lock_epoch >= 0 else None)
 
 
 class _HeldPull:

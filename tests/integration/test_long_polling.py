@@ -149,3 +149,19 @@ async def test_shutdown_answers_held_pulls_at_once(broker_factory: Callable[...,
             b.shutdown()
     assert [code for code, _ in answers] == [ResponseCode.PULL_NOT_FOUND] * 5
     assert all(t - stop_at < 0.01 for _, t in answers)
+
+
+@pytest.mark.parametrize("field,value", [("commitOffset", "soon"), ("resetGeneration", [1]), ("lockEpoch", "x")])
+async def test_a_malformed_commit_field_is_an_error_answer_and_holds_nothing(
+    broker_factory: Callable[..., Any], rclient: RemotingClient, mock_clock: trio.testing.MockClock,
+    field: str, value: Any
+) -> None:
+    """The commit fields were read after the pull was held: the request failed, but its hold stayed (a second
+    answer later, and the connection's held count one too high). They are checked before anything is read."""
+    async with broker_factory(**QUIET) as b:
+        await send(rclient, b.address, "LP", b"warm-up")
+        ext = {**held_pull("LP", 1), "sysFlag": SUSPEND | 0x1, "commitOffset": 1, field: value}
+        resp = await call(rclient, b.address, RequestCode.PULL_MESSAGE, ext)
+        assert resp.code == ResponseCode.SYSTEM_ERROR and repr(field) in (resp.remark or ""), resp.remark
+        assert b.long_polling.held == 0
+        assert b.offset_manager.query_offset("g", "LP", 0) == -1  # nothing committed either

@@ -214,6 +214,10 @@ async def test_a_pull_commit_in_a_promoted_masters_grace_outranks_the_old_master
                                       sub_version=1, lock_epoch=e2)
         assert result.status.name == "FOUND"
         assert slave.offset_manager.commit_version("cg", "T", 0).lock_epoch == e2
+        # and judged by it: a pull's commit under the older grant e1 is refused as UPDATE_CONSUMER_OFFSET's would be
+        await a.pull_message(slave.address, consumer_group="cg", mq=q0, queue_offset=16, max_msg_nums=4, sys_flag=1,
+                             commit_offset=16, suspend_timeout_millis=0, subscription="*", sub_version=1, lock_epoch=e1)
+        assert slave.offset_manager.query_offset("cg", "T", 0) == 14 and slave.offset_manager.fenced_updates["cg"] == 1
         # the old master comes back on its store, is superseded, follows and hands over its older 12 (under e2 too)
         old = await pair.restart()
         await until(lambda: old.ha_controller.role == "SLAVE" and old.ha_controller.client.connected,

@@ -108,11 +108,15 @@ class PullService:
         self.client = client
         self.rebalance = rebalance
         self.offset_store = offset_store
-        #: The offset store's master-epoch stamp (RemoteBrokerOffsetStore; a local store keeps none), looked up once.
+        # What a remote offset store keeps beside each offset (RemoteBrokerOffsetStore; a local store keeps none),
+        # looked up once: the reset generation and lock grant sent with each pull's commit offset, the master epoch of
+        # the log the stored position was read from (said by a first pull) and its stamp from each pull answer.
+        self._reset_generation: Callable[[MessageQueue], int | None] | None = getattr(
+            offset_store, "reset_generation", None)
+        self._lock_epoch: Callable[[MessageQueue], int | None] | None = getattr(offset_store, "lock_epoch", None)
+        self._master_epoch: Callable[[MessageQueue], int | None] | None = getattr(offset_store, "master_epoch", None)
         self._set_master_epoch: Callable[[MessageQueue, int], None] | None = getattr(
             offset_store, "set_master_epoch", None)
-        #: The offset store's queue-lock epochs (an orderly consumer's grants), sent with each pull's commit offset.
-        self._lock_epoch: Callable[[MessageQueue], int | None] | None = getattr(offset_store, "lock_epoch", None)
         self.consume_service = consume_service
         self.consume_orderly = consume_orderly
         self.clock: Callable[[], int] = clock or (lambda: int(trio.current_time() * 1000))
@@ -272,8 +276,7 @@ class PullService:
                 commit_offset = stored
                 lock_epoch = self._lock_epoch(mq) if self._lock_epoch is not None else None
                 # the reset generation that offset belongs to: a pull made before a reset cannot undo it
-                reset_generation = getattr(self.offset_store, "reset_generation", None)
-                generation = reset_generation(mq) if reset_generation is not None else None
+                generation = self._reset_generation(mq) if self._reset_generation is not None else None
         sys_flag = build_pull_sys_flag(commit_offset > 0, True, True)
 
         self.stats["pulls"] += 1
@@ -298,7 +301,8 @@ class PullService:
                 tags=sub.tags_set,
                 timeout_ms=cfg.consumer_timeout_millis_when_suspend,
                 reset_generation=generation,
-                master_epoch=request.master_epoch if request.master_epoch is not None else self._stored_epoch(mq),
+                master_epoch=(request.master_epoch if request.master_epoch is not None
+                              else self._master_epoch(mq) if self._master_epoch is not None else None),
                 lock_epoch=lock_epoch,
             )
         except (RemotingError, MQBrokerError, MQClientError) as exc:
@@ -377,11 +381,6 @@ class PullService:
             if self.on_queue_removed is not None:
                 self.on_queue_removed()
         return None
-
-    def _stored_epoch(self, mq: MessageQueue) -> int | None:
-        """The master epoch of the log the offset store's position was read from (a first pull says it too)."""
-        epoch_of = getattr(self.offset_store, "master_epoch", None)
-        return epoch_of(mq) if epoch_of is not None else None
 
     async def _pull_addr(self, mq: MessageQueue) -> tuple[str, int]:
         """The address (and broker id) to pull ``mq`` from: see the module docstring."""

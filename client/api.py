@@ -234,6 +234,11 @@ def _int(m: Mapping[str, Any] | None, key: str, what: str, addr: str, default: i
     return v
 
 
+def _opt_int(v: Any) -> int | None:
+    """An optional integer field a broker may leave out (trimq's additions; RocketMQ's brokers send none)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def _map(v: Any, what: str, addr: str, name: str) -> dict[Any, Any]:
     if not isinstance(v, dict):
         raise _malformed(what, addr, f"{name} must be a map, got {type(v).__name__}")
@@ -534,9 +539,7 @@ class MQClientAPI:
         resp = await self.invoke(addr, RequestCode.QUERY_CONSUMER_OFFSET, ext, timeout_ms=timeout_ms,
                                  ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
         rext = resp.ext or {}
-        generation, epoch = rext.get("resetGeneration"), rext.get("masterEpoch")
-        generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else None
-        epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+        generation, epoch = _opt_int(rext.get("resetGeneration")), _opt_int(rext.get("masterEpoch"))
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
             return -1, generation, epoch
         return _int(resp.ext, "offset", "QUERY_CONSUMER_OFFSET", addr), generation, epoch
@@ -578,8 +581,8 @@ class MQClientAPI:
         resp = await self.invoke(addr, RequestCode.UPDATE_CONSUMER_OFFSET, ext, timeout_ms=timeout_ms,
                                  ok=(ResponseCode.SUCCESS, ResponseCode.NO_PERMISSION))
         if resp.code == ResponseCode.NO_PERMISSION:
-            current = (resp.ext or {}).get("resetGeneration")
-            if isinstance(current, int) and not isinstance(current, bool):
+            current = _opt_int((resp.ext or {}).get("resetGeneration"))
+            if current is not None:
                 raise StaleResetGenerationError(resp.code, resp.remark, addr, "UPDATE_CONSUMER_OFFSET",
                                                 reset_generation=current)
             raise broker_error(resp.code, resp.remark, addr, "UPDATE_CONSUMER_OFFSET")

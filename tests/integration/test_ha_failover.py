@@ -295,8 +295,20 @@ async def test_an_old_master_returning_while_its_promoted_slave_is_down_waits_as
 async def test_a_slave_that_never_reached_its_master_refuses_promotion_unless_forced(
         broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient) -> None:
     """A slave that never followed the master a name server names (its HA port unreachable here) holds none of its
-    writes: promoting it would lose them, so it refuses; ``force`` promotes it above that master's epoch."""
+    writes: promoting it would lose them, so it refuses; ``force`` promotes it above that master's epoch. The
+    forced promotion goes through ``trimq-admin broker promote --force``, the operator's way."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from trimq.client.admin import open_admin
+
+    async def promote_cli(*extra: str) -> subprocess.CompletedProcess[bytes]:
+        cli = str(Path(sys.executable).with_name("trimq-admin"))
+        return await trio.run_process([cli, "--namesrv", ns.address, "--json", "broker", "promote", "--broker-name",
+                                       "broker-a", "--broker-id", "1", *extra], capture_stdout=True,
+                                      capture_stderr=True, check=False)
 
     async with namesrv_factory() as ns:
         common = {"namesrv_addr": ns.address, "broker_name": "broker-a", "register_broker_interval_ms": 1000}
@@ -308,8 +320,13 @@ async def test_a_slave_that_never_reached_its_master_refuses_promotion_unless_fo
                 with pytest.raises(MQBrokerError, match="followed master epochs up to 0 only"):
                     await admin.broker_promote("broker-a", 1)
                 assert slave.ha_controller.role == "SLAVE"
-                result = await admin.broker_promote("broker-a", 1, force=True)
-            assert (result.broker_role, result.master_epoch) == ("ASYNC_MASTER", 2)
+            refused = await promote_cli()
+            assert refused.returncode != 0 and b"followed master epochs up to 0 only" in refused.stderr + refused.stdout
+            assert slave.ha_controller.role == "SLAVE"
+            forced = await promote_cli("--force")
+            assert forced.returncode == 0, forced.stderr
+            result = json.loads(forced.stdout)
+            assert (result["brokerRole"], result["masterEpoch"]) == ("ASYNC_MASTER", 2)
 
 
 async def test_only_a_master_delivers_delayed_messages(broker_factory: Callable[..., Any],

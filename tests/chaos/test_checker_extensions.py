@@ -127,6 +127,24 @@ def test_a_paused_consumer_given_its_queue_back_cleanly_is_not_counted(tmp_path:
     assert r.ok and r.started_after_lease == 0, r.text()
 
 
+def test_a_resumed_consumer_replaying_on_a_promoted_master_after_the_holders_buffered_records_is_not_counted(
+        tmp_path: Path) -> None:
+    # Long ASYNC seed 24: A was paused 100-1000 (lease 50); B took the queue at 200 and consumed 4..9; its master was
+    # killed at 300 and B went on with what it had pulled until 500; the promoted slave served from 800 with the
+    # committed offset 4 of its stale table, granted the queue to A after its restart grace, and A replayed 4..6 at
+    # 1100. The broker was down between B's last record and A's replay: no sign that B still held the queue.
+    b = [{**r, "consume_time": 200 + 60 * i} for i, r in enumerate(consumed([4, 5, 6, 7, 8, 9], "B", 0))]
+    a = [{**r, "consume_time": 1100 + i} for i, r in enumerate(consumed([4, 5, 6], "A", 0))]
+    parts = (consumed([0, 1, 2, 3], "A", 10), b, a)
+    crash = BrokerCrash("b", 300, 800, {Q: 4})
+    r = run(tmp_path, 10, *parts, pauses=[Pause("A", 100, 1000)], lease_ms=50, broker_crashes=[crash])
+    assert r.started_after_lease == 0, r.text()
+    # the same replay with the broker back before B's last record: B may still hold the queue
+    r = run(tmp_path, 10, *parts, pauses=[Pause("A", 100, 1000)], lease_ms=50,
+            broker_crashes=[BrokerCrash("b", 150, 190, {Q: 4})])
+    assert r.started_after_lease == 2, r.text()  # 5 and 6 (4 completes the call begun before the pause)
+
+
 # --- key scope (issue 17): queues a key-scope consumer consumed are judged per key --------------------------
 
 

@@ -65,6 +65,9 @@ __all__ = ["ASYNC_MASTER", "SLAVE", "SYNC_MASTER", "HAController"]
 
 ASYNC_MASTER, SYNC_MASTER, SLAVE = "ASYNC_MASTER", "SYNC_MASTER", "SLAVE"
 MASTER_ID = 0
+# how the store's not-writable reasons set by the role begin (a role change clears only these)
+_SLAVE = "this broker is a SLAVE"
+_UNCONFIRMED = "this restarted master is not yet confirmed"
 
 
 class LockLifetime(Protocol):
@@ -141,6 +144,8 @@ class HAController:
         #: never had (cut by that handshake, then moved back by ``_offsets_before_follow``): no metadata sync hands
         #: them over before that.
         self._first_handshake_pending = False
+        #: A restarted master waits for a name server's word before it takes sends (``start``).
+        self._confirmation_pending = False
         self.sync = SlaveSynchronize(master_addr=self._sync_master_addr, topics=topics, groups=groups, offsets=offsets,
                                      schedule=schedule, interval_ms=config.slave_synchronize_interval_ms,
                                      merge_offsets=merge_offsets)
@@ -188,7 +193,7 @@ class HAController:
 
     def _slave_reason(self) -> str:
         master = self.master_addr() or self.master_ha_address() or "unknown"
-        return (f"this broker is a SLAVE (brokerId {self.broker_id}) of {self.config.broker_name}: sends go to its "
+        return (f"{_SLAVE} (brokerId {self.broker_id}) of {self.config.broker_name}: sends go to its "
                 f"master (brokerId 0, at {master})")
 
     def _apply_role(self) -> None:
@@ -199,8 +204,15 @@ class HAController:
             store.writable = False
             store.not_writable_reason = self._slave_reason()
             store.replica_wait = None
+        elif self._confirmation_pending:
+            store.writable = False
+            store.not_writable_reason = (
+                f"{_UNCONFIRMED} by a name server since it started (it may have been superseded by a promoted "
+                f"slave while it was down): sends are taken once one of {';'.join(self.config.namesrv_addrs)} "
+                "answers its registration")
+            store.replica_wait = None
         else:
-            if not store.writable and store.not_writable_reason.startswith("this broker is a SLAVE"):
+            if not store.writable and store.not_writable_reason.startswith((_SLAVE, _UNCONFIRMED)):
                 store.writable = True
                 store.not_writable_reason = ""
             store.replica_wait = self.service.wait_for_slave if self.role == SYNC_MASTER else None
@@ -222,13 +234,22 @@ class HAController:
                         role=self.state.broker_role, broker_id=self.state.broker_id,
                         path=self.state.path, why="a promotion or demotion recorded in the store")
             self.role, self.broker_id = self.state.broker_role, self.state.broker_id
+        restarted_master = self.is_master and bool(self.state.history)
         if self.is_master and not self.state.history:
             self.state.begin_epoch(1, 0)  # the first master of this store writes epoch 1 from the start
             self.state.broker_role, self.state.broker_id = self.role, self.broker_id
             await trio.to_thread.run_sync(self.state.save)
+        # A master that was down may have been replaced by its promoted slave meanwhile: a send it acknowledged before
+        # a name server told it so would be cut when it follows that master. It takes sends once a name server
+        # answered its registration without naming a newer master (a store's first start cannot be superseded).
+        self._confirmation_pending = (restarted_master and self.config.ha_confirm_master_at_start
+                                      and bool(self.config.namesrv_addrs))
         # a slave's store may hold a tail its master never had (a demoted master that stopped before the cut)
         self._first_handshake_pending = not self.is_master
         self._apply_role()
+        if self._confirmation_pending:
+            log.warning("ha.master_unconfirmed", master_epoch=self.master_epoch, namesrv=self.config.namesrv_addr,
+                        why="restarted: sends are refused until a name server answers this master's registration")
         log.info("ha.role", role=self.role, broker_id=self.broker_id, master_epoch=self.master_epoch,
                  ha_port=self.config.ha_port)
 
@@ -362,6 +383,7 @@ class HAController:
 
     async def _become_slave(self, master_addr: str, master_ha_addr: str) -> None:
         old_role = self.role
+        self._confirmation_pending = False
         self._first_handshake_pending = old_role != SLAVE
         self.role = SLAVE
         self.broker_id = self.config.broker_id if self.config.broker_role == SLAVE else 1
@@ -392,6 +414,11 @@ class HAController:
             if master and master != own and epoch > self.master_epoch and self._transition is None:
                 log.warning("ha.superseded", master=master, master_epoch=epoch, own_master_epoch=self.master_epoch)
                 await self._request_transition(SLAVE, master, master_ha)
+            elif self._confirmation_pending and self._transition is None:
+                self._confirmation_pending = False
+                self._apply_role()
+                log.info("ha.master_confirmed", master_epoch=self.master_epoch, why="a name server answered its "
+                         "registration naming no newer master: sends are taken")
             return
         if master and master != own and (master, master_ha) != (self.learned_master_addr,
                                                                  self.learned_master_ha_addr):

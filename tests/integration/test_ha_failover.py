@@ -292,6 +292,83 @@ async def test_an_old_master_returning_while_its_promoted_slave_is_down_waits_as
         nursery.cancel_scope.cancel()
 
 
+async def test_a_restarted_master_takes_no_send_before_a_name_server_says_it_was_not_superseded(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
+        tmp_path: Any) -> None:
+    """The old master came back at its address after its slave's promotion, and a producer still routing to that
+    address sent to it before the name server's answer demoted it: the send was acknowledged, then cut when the old
+    master followed the promoted one. A restarted master now refuses sends until a name server answers its
+    registration: here its name server is out of reach, so it refuses, saying why, until the answer comes and
+    demotes it; it never acknowledged anything the promoted master lacks."""
+    from trimq.client.admin import open_admin
+
+    async with namesrv_factory() as ns, trio.open_nursery() as nursery:
+        relay = Relay(ns.address)  # the old master's way to the name server, which can stop answering
+        await nursery.start(relay.serve)
+        common = {"broker_name": "broker-a", "register_broker_interval_ms": 1000}
+        a_cfg = {"store_dir": str(tmp_path / "a"), "namesrv_addr": relay.address, **common}
+        stop_a, a_stopped = trio.Event(), trio.Event()
+        a: Broker = await nursery.start(run_broker, broker_factory, a_cfg, stop_a, a_stopped)
+        assert a.store.writable  # a store's first start: no master can have replaced it yet
+        b: Broker = await nursery.start(run_broker, broker_factory, {"namesrv_addr": ns.address, "broker_role": "SLAVE",
+                                                                     "broker_id": 1, **common}, trio.Event())
+        assert (await send(rclient, a.address, "T", 0, b"m0")).code == ResponseCode.SUCCESS
+        await until(lambda: b.store.commitlog.max_offset == a.store.commitlog.max_offset, "the slave caught up")
+        stop_a.set()
+        await a_stopped.wait()
+        async with open_admin(ns.address) as admin:
+            assert (await admin.broker_promote("broker-a", 1)).master_epoch == 2
+        assert (await send(rclient, b.address, "T", 0, b"acked-by-the-promoted-master")).code == ResponseCode.SUCCESS
+        relay.blackhole()
+        a = await nursery.start(run_broker, broker_factory, a_cfg, trio.Event())
+        r = await send(rclient, a.address, "T", 0, b"would-be-cut")
+        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and "not yet confirmed by a name server" in r.remark, r
+        assert relay.address in r.remark and a.ha_controller.role == "ASYNC_MASTER"
+        relay.heal()
+        await until(lambda: a.ha_controller.role == "SLAVE", "the old master demoted by the name server's answer")
+        await until(lambda: a.ha_controller.client.connected
+                    and a.store.commitlog.max_offset == b.store.commitlog.max_offset, "the old master following")
+        p = await call(rclient, a.address, RC.PULL_MESSAGE, pull_request(1))
+        assert p.code == ResponseCode.SUCCESS and b"acked-by-the-promoted-master" in p.body, p.remark
+        assert b"would-be-cut" not in p.body
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restarted_master_confirmed_by_its_name_server_takes_sends_and_can_opt_out_of_waiting(
+        broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient,
+        tmp_path: Any) -> None:
+    """A restarted master that no slave replaced takes sends once its name server answered; with
+    ``ha_confirm_master_at_start = false`` (RocketMQ's behaviour) it takes them at once, answer or not."""
+    async with namesrv_factory() as ns, trio.open_nursery() as nursery:
+        relay = Relay(ns.address)
+        await nursery.start(relay.serve)
+        cfg = {"store_dir": str(tmp_path / "a"), "namesrv_addr": relay.address}
+
+        async def restart(confirm: bool) -> tuple[Broker, trio.Event, trio.Event]:
+            stop, stopped = trio.Event(), trio.Event()
+            broker = await nursery.start(run_broker, broker_factory, {**cfg, "ha_confirm_master_at_start": confirm},
+                                         stop, stopped)
+            return broker, stop, stopped
+
+        for confirm in (True, False):
+            a, stop, stopped = await restart(confirm)
+            assert (await send(rclient, a.address, "T", 0, b"first")).code == ResponseCode.SUCCESS
+            await until(lambda a=a: a.register_service.registrations >= 1, "registered")
+            stop.set()
+            await stopped.wait()
+            relay.blackhole()  # the next start gets no answer until healed
+            a, stop, stopped = await restart(confirm)
+            r = await send(rclient, a.address, "T", 0, b"while-unconfirmed")
+            assert r.code == (ResponseCode.SERVICE_NOT_AVAILABLE if confirm else ResponseCode.SUCCESS), r.remark
+            relay.heal()
+            await until(lambda a=a: a.store.writable, "confirmed by the name server's answer")
+            assert (await send(rclient, a.address, "T", 0, b"confirmed")).code == ResponseCode.SUCCESS
+            assert a.ha_controller.role == "ASYNC_MASTER"
+            stop.set()
+            await stopped.wait()
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_slave_that_never_reached_its_master_refuses_promotion_unless_forced(
         broker_factory: Callable[..., Any], namesrv_factory: Callable[..., Any], rclient: RemotingClient) -> None:
     """A slave that never followed the master a name server names (its HA port unreachable here) holds none of its

@@ -186,9 +186,9 @@ class BrokerConfig:
     ha_master_address: str = setting("", "SLAVE: HOST:PORT of the master's HA port (RocketMQ's haMasterAddress); "
                                      "empty: learned from the name server")
     ha_confirm_master_at_start: bool = setting(
-        True, "a master that restarts with name servers configured refuses sends until one of them answers its "
-        "registration naming no newer master (its slave may have been promoted while it was down; sends it took "
-        "before being told would be cut when it follows that master); false: take sends at once, as RocketMQ")
+        True, "a master that restarts with name servers configured refuses sends until a registration round is "
+        "answered with none of them naming a newer master (its slave may have been promoted while it was down; sends "
+        "it took before being told would be cut when it follows that master); false: take sends at once, as RocketMQ")
     ha_send_heartbeat_interval: int = setting(5_000, "ms between a slave's offset reports when idle, and between "
                                               "the master's empty frames (RocketMQ's haSendHeartbeatInterval)",
                                               min=10, max=600_000)

@@ -240,8 +240,8 @@ class HAController:
             self.state.broker_role, self.state.broker_id = self.role, self.broker_id
             await trio.to_thread.run_sync(self.state.save)
         # A master that was down may have been replaced by its promoted slave meanwhile: a send it acknowledged before
-        # a name server told it so would be cut when it follows that master. It takes sends once a name server
-        # answered its registration without naming a newer master (a store's first start cannot be superseded).
+        # a name server told it so would be cut when it follows that master. It takes sends once a registration round
+        # got an answer and none named a newer master (a store's first start cannot be superseded).
         self._confirmation_pending = (restarted_master and self.config.ha_confirm_master_at_start
                                       and bool(self.config.namesrv_addrs))
         # a slave's store may hold a tail its master never had (a demoted master that stopped before the cut)
@@ -414,17 +414,21 @@ class HAController:
             if master and master != own and epoch > self.master_epoch and self._transition is None:
                 log.warning("ha.superseded", master=master, master_epoch=epoch, own_master_epoch=self.master_epoch)
                 await self._request_transition(SLAVE, master, master_ha)
-            elif self._confirmation_pending and self._transition is None:
-                self._confirmation_pending = False
-                self._apply_role()
-                log.info("ha.master_confirmed", master_epoch=self.master_epoch, why="a name server answered its "
-                         "registration naming no newer master: sends are taken")
             return
         if master and master != own and (master, master_ha) != (self.learned_master_addr,
                                                                  self.learned_master_ha_addr):
             self.learned_master_addr, self.learned_master_ha_addr = master, master_ha
             self.store.not_writable_reason = self._slave_reason()
             self.client.address_changed()
+
+    def on_registered(self) -> None:
+        """A registration round ended in which a name server answered and none named a newer master (one that did
+        made this broker a slave already): a restarted master takes sends from now on."""
+        if self._confirmation_pending and self.is_master and self._transition is None:
+            self._confirmation_pending = False
+            self._apply_role()
+            log.info("ha.master_confirmed", master_epoch=self.master_epoch,
+                     why="its name servers answered its registration naming no newer master: sends are taken")
 
     def _on_master(self, ack: HelloAck) -> None:
         self._first_handshake_pending = False  # the handshake cut what the master never had (before this call)

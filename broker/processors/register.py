@@ -56,6 +56,8 @@ class HARegistration(Protocol):
 
     async def on_register_answer(self, ext: dict[str, Any]) -> None: ...
 
+    def on_registered(self) -> None: ...
+
 
 class RegisterService:
     """Registers the broker's topics with the name servers (and the embedded one, ``namesrv``) once
@@ -132,11 +134,15 @@ class RegisterService:
             return
         table, version = self._register_local()
         body = {"topicConfigTable": table, "dataVersion": version}
+        answered: list[str] = []
         async with trio.open_nursery() as nursery:
             for addr in self.config.namesrv_addrs:
-                nursery.start_soon(self._register_one, rc, addr, body)
+                nursery.start_soon(self._register_one, rc, addr, body, answered)
         self.registrations += 1
         self.registered.set()
+        if answered and self.ha is not None:
+            # every name server of the round has answered or failed: none that answered named a newer master
+            self.ha.on_registered()
 
     def _register_local(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Register with the embedded name server (if any); returns the table and version sent."""
@@ -149,7 +155,7 @@ class RegisterService:
                               data_version=version)
         return table, version
 
-    async def _register_one(self, rc: RemotingClient, addr: str, body: dict[str, Any]) -> None:
+    async def _register_one(self, rc: RemotingClient, addr: str, body: dict[str, Any], answered: list[str]) -> None:
         cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, self._ext(), body)
         try:
             resp = await rc.invoke(addr, cmd, REQUEST_TIMEOUT_S)
@@ -159,8 +165,10 @@ class RegisterService:
             return
         if resp.code != ResponseCode.SUCCESS:
             log.warning("register.refused", namesrv=addr, code=resp.code, remark=resp.remark)
-        elif self.ha is not None:
-            await self.ha.on_register_answer(resp.ext)
+        else:
+            answered.append(addr)
+            if self.ha is not None:
+                await self.ha.on_register_answer(resp.ext)
 
     async def _unregister_on_drain(self, rc: RemotingClient) -> None:
         await self.server.wait_shutdown()

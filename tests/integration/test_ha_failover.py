@@ -298,15 +298,17 @@ async def test_a_restarted_master_takes_no_send_before_a_name_server_says_it_was
     """The old master came back at its address after its slave's promotion, and a producer still routing to that
     address sent to it before the name server's answer demoted it: the send was acknowledged, then cut when the old
     master followed the promoted one. A restarted master now refuses sends until a name server answers its
-    registration: here its name server is out of reach, so it refuses, saying why, until the answer comes and
-    demotes it; it never acknowledged anything the promoted master lacks."""
+    registration: here the name server that knows of the promotion is out of reach and a second one never heard of
+    it (it answers at once: a name server that restarted since forgets), so it refuses, saying why, until the whole
+    registration round is answered; the first one's answer demotes it. It never acknowledged anything the promoted
+    master lacks."""
     from trimq.client.admin import open_admin
 
-    async with namesrv_factory() as ns, trio.open_nursery() as nursery:
+    async with namesrv_factory() as ns, namesrv_factory() as forgetful, trio.open_nursery() as nursery:
         relay = Relay(ns.address)  # the old master's way to the name server, which can stop answering
         await nursery.start(relay.serve)
         common = {"broker_name": "broker-a", "register_broker_interval_ms": 1000}
-        a_cfg = {"store_dir": str(tmp_path / "a"), "namesrv_addr": relay.address, **common}
+        a_cfg = {"store_dir": str(tmp_path / "a"), "namesrv_addr": f"{relay.address};{forgetful.address}", **common}
         stop_a, a_stopped = trio.Event(), trio.Event()
         a: Broker = await nursery.start(run_broker, broker_factory, a_cfg, stop_a, a_stopped)
         assert a.store.writable  # a store's first start: no master can have replaced it yet
@@ -320,7 +322,10 @@ async def test_a_restarted_master_takes_no_send_before_a_name_server_says_it_was
             assert (await admin.broker_promote("broker-a", 1)).master_epoch == 2
         assert (await send(rclient, b.address, "T", 0, b"acked-by-the-promoted-master")).code == ResponseCode.SUCCESS
         relay.blackhole()
+        forgetful.routes.newest_master.clear()  # the second name server "restarted"
         a = await nursery.start(run_broker, broker_factory, a_cfg, trio.Event())
+        await until(lambda: forgetful.routes.master_of("broker-a")[0] == a.address, "the forgetful one answered")
+        await trio.sleep(0.1)  # its answer reached the broker
         r = await send(rclient, a.address, "T", 0, b"would-be-cut")
         assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and "not yet confirmed by a name server" in r.remark, r
         assert relay.address in r.remark and a.ha_controller.role == "ASYNC_MASTER"

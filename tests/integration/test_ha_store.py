@@ -131,9 +131,20 @@ async def test_slave_cuts_a_tail_the_new_master_never_had(tmp_path: Path) -> Non
         new.writable = True
         await _put(new, 3, body=b"new-master")
         service2, client2 = _pair(new, old, new_state, old_state)
+        # What a reader of the old master sees while the cut is made durable: the log already cut, and the new epoch
+        # (a consumer moved back to a cut queue's end under the old one waited RocketMQ's 10 s for an illegal offset)
+        seen: list[tuple[int, int]] = []
+        real_flush = old.flush
+
+        async def observed_flush() -> None:
+            seen.append((old.commitlog.max_offset, old_state.master_epoch))
+            await real_flush()
+
+        old.flush = observed_flush  # type: ignore[method-assign]
         await nn.start(service2.serve)
         await on.start(client2.run)
         await _caught_up(new, old, client2)
+        assert (promoted_at, 2) in seen and (promoted_at, 1) not in seen, seen
         end = new.commitlog.max_offset
         assert old.commitlog.max_offset == end
         assert _log_bytes(old, 0, end) == _log_bytes(new, 0, end)

@@ -13,6 +13,7 @@ its queues start at the queue offsets of the first records it receives (earlier 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -135,9 +136,12 @@ class ReplicaWriter:
         self.records_dispatched += done
         return done
 
-    async def cut(self, offset: int) -> None:
+    async def cut(self, offset: int, on_truncated: Callable[[], None] | None = None) -> None:
         """Forget the store's log from ``offset`` on, with the consume-queue units and index positions pointing
-        there, and make the cut durable (checkpoint) before anything new is appended."""
+        there, and make the cut durable (checkpoint) before anything new is appended. ``on_truncated`` runs as soon
+        as readers can no longer see the tail, before the cut is durable (a slave adopts its master's epoch history
+        in memory then, so no answer sent while the cut is flushed stamps a position of the new log with the old
+        epoch)."""
         store = self.store
         cl = store.commitlog
         if offset >= cl.max_offset:
@@ -157,6 +161,8 @@ class ReplicaWriter:
                 if store.index.end_phy_offset > offset:
                     store.index.reset_end_phy_offset(offset)
             store._checkpointed = -1
+            if on_truncated is not None:
+                on_truncated()
         self.reput_offset = min(self.reput_offset, offset)
         await store.flush()
         log.warning("ha.commitlog_truncated", from_offset=old, to_offset=offset, bytes=old - offset)

@@ -126,13 +126,19 @@ class HAClient:
                 log_rate_limited(self._errors, "refused", int(trio.current_time() * 1000), log.error,
                                  "ha.refused_by_master", master=addr, reason=ack.remark)
                 return
+            history = list(ack.history)
+            adopt = history != self.state.history
             if ack.start_offset < cl.max_offset:
-                await self.writer.cut(ack.start_offset)
+                # The history is adopted in memory the moment the tail is gone (answers from then on say the new
+                # epoch: a consumer moved back to the cut queue's end must know the position is the new master's, or
+                # it waits RocketMQ's 10 s for an illegal offset); it is written only once the cut is durable, so a
+                # crash in between never pairs the new epoch with the old tail on disk.
+                await self.writer.cut(ack.start_offset, on_truncated=lambda: self.state.adopt(history))
             elif ack.start_offset > cl.max_offset and (cl.segments or cl.max_offset):
                 raise HAProtocolError(f"the master starts at {ack.start_offset}, past this slave's end "
                                       f"{cl.max_offset}")
-            if list(ack.history) != self.state.history:
-                self.state.adopt(ack.history)
+            if adopt:
+                self.state.adopt(history)
                 await trio.to_thread.run_sync(self.state.save)
             if self.before_follow is not None:
                 await self.before_follow()

@@ -208,8 +208,8 @@ class HAController:
             store.writable = False
             store.not_writable_reason = (
                 f"{_UNCONFIRMED} by a name server since it started (it may have been superseded by a promoted "
-                f"slave while it was down): sends are taken once one of {';'.join(self.config.namesrv_addrs)} "
-                "answers its registration")
+                f"slave while it was down): sends are taken once its registration with "
+                f"{';'.join(self.config.namesrv_addrs)} is answered and no answer names a newer master")
             store.replica_wait = None
         else:
             if not store.writable and store.not_writable_reason.startswith((_SLAVE, _UNCONFIRMED)):
@@ -249,7 +249,7 @@ class HAController:
         self._apply_role()
         if self._confirmation_pending:
             log.warning("ha.master_unconfirmed", master_epoch=self.master_epoch, namesrv=self.config.namesrv_addr,
-                        why="restarted: sends are refused until a name server answers this master's registration")
+                        why="restarted: sends are refused until its name servers answer its registration")
         log.info("ha.role", role=self.role, broker_id=self.broker_id, master_epoch=self.master_epoch,
                  ha_port=self.config.ha_port)
 

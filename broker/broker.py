@@ -154,7 +154,7 @@ class Broker:
             config=config, registry=server, store=self.store, topics=topics, groups=groups,
             offsets=self.offset_manager, schedule=self.schedule_message_service, locks=self.lock_manager,
             epoch_store=self.coordination_service.epoch_store, address=self.advertised_host,
-            merge_offsets=merge_by_commit_version)
+            merge_offsets=merge_by_commit_version, ssl_context=self.ssl_context)
         # Offsets committed to the slave while the master was away survive its return (merged by commit version,
         # both ways: broker/ha/offset_sync.py), unlike RocketMQ's overwrite.
         self.ha_controller.sync.push_offsets = offsets_newer_here

@@ -97,14 +97,16 @@ class OffsetTable(SyncedOffsets, Protocol):
 
 
 class HAController:
-    """See the module docstring. ``epoch_store`` is the coordination service's broker epoch file."""
+    """See the module docstring. ``epoch_store`` is the coordination service's broker epoch file; ``ssl_context`` the
+    broker's server TLS context (None: plain TCP), which the HA port serves too (slaves connect with TLS then)."""
 
     name = "ha"
 
     def __init__(self, *, config: BrokerConfig, registry: HandlerRegistry, store: MessageStore,
                  topics: SyncedTopics, groups: SyncedGroups, offsets: OffsetTable,
                  schedule: SyncedDelayOffsets | None, locks: LockLifetime, epoch_store: BrokerEpochStore,
-                 address: AddressSource, merge_offsets: OffsetMerge = overwrite_offsets) -> None:
+                 address: AddressSource, merge_offsets: OffsetMerge = overwrite_offsets,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.store = store
         self.offsets = offsets
@@ -130,11 +132,11 @@ class HAController:
             heartbeat_interval_ms=config.ha_send_heartbeat_interval,
             housekeeping_interval_ms=config.ha_housekeeping_interval, fallbehind_max=config.ha_slave_fallbehind_max,
             slave_timeout_ms=config.slave_timeout, is_master=lambda: self.is_master,
-            master_addr=self._own_addr, broker_epoch=lambda: self.locks.broker_epoch)
+            master_addr=self._own_addr, broker_epoch=lambda: self.locks.broker_epoch, ssl_context=ssl_context)
         self.client = HAClient(store, self.state, master_ha_address=self.master_ha_address,
                                heartbeat_interval_ms=config.ha_send_heartbeat_interval,
                                housekeeping_interval_ms=config.ha_housekeeping_interval,
-                               on_master=self._on_master)
+                               on_master=self._on_master, ssl_context=_broker_ssl_context(config))
         self.client.on_master_lost = self._on_master_lost
         self.client.before_follow = self._offsets_before_follow
         #: Writes config/consumerOffset.json now (the broker wires the coordination service's, which serialises

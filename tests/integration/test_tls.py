@@ -232,3 +232,63 @@ async def test_broker_registers_with_a_tls_name_server_and_clients_route_over_tl
         async with RemotingClient(connect_timeout_s=2) as plain:
             with pytest.raises(RemotingError):
                 await plain.invoke(ns.server.address, RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO), 2)
+
+
+async def test_the_ha_port_speaks_tls_too_and_keeps_strangers_out(tmp_path: Path, pki: Pki) -> None:
+    """The HA port streams every stored message to whoever completes its handshake: with TLS on, it speaks TLS with
+    the broker's certificate (mutual TLS when required), and a slave configured like its master replicates over it.
+    A plain-TCP peer and a TLS peer without a client certificate get nothing of the log; a slave whose TLS handshake
+    hangs (a link that stops forwarding) gives up after ``ha_housekeeping_interval`` and tries again, instead of
+    its broker failing; and the master goes on serving its slave throughout."""
+    from tests.integration.relay import Relay
+    from trimq.broker.store.ha.codec import Hello, StreamBuffer, encode_hello
+
+    tls = {"tls_cert_file": pki.cert, "tls_key_file": pki.key, "tls_ca_file": pki.ca, "tls_require_client_cert": True,
+           "ha_send_heartbeat_interval": 100, "ha_housekeeping_interval": 1000}
+    client_ctx = client_ssl_context(pki.ca, cert=pki.client_cert)
+
+    async def no_log_from_ha_port(stream: trio.abc.Stream) -> None:
+        received = bytearray()
+        with trio.fail_after(5):
+            try:
+                await stream.send_all(encode_hello(Hello(0, 1)))
+                while data := await stream.receive_some(4096):
+                    received += data
+            except trio.BrokenResourceError:
+                pass  # refused in the TLS handshake
+        buf = StreamBuffer()
+        buf.feed(bytes(received))
+        assert buf.next_hello_ack() is None, "the HA port answered a peer that is not a slave of this cluster"
+
+    def store_config(name: str, **kw: Any) -> BrokerConfig:
+        return BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / name), **tls, **kw)  # type: ignore[arg-type]
+
+    async def send(rc: RemotingClient, addr: str, body: bytes) -> None:
+        ext = {"producerGroup": "pg", "topic": "T", "queueId": 0, "sysFlag": 0, "bornTimestamp": 1, "flag": 0,
+               "properties": ""}
+        assert (await rc.invoke(addr, RemotingCommand.request(RequestCode.SEND_MESSAGE, ext, body), 5)).ok
+
+    async with open_broker(store_config("master")) as master, RemotingClient(ssl_context=client_ctx) as rc, \
+            trio.open_nursery() as nursery:
+        link = Relay(master.ha_controller.ha_server_addr)
+        await nursery.start(link.serve)
+        link.blackhole()  # the slave's first TLS handshake hangs
+        await send(rc, master.address, b"m0")
+        async with open_broker(store_config("slave", broker_role="SLAVE", broker_id=1,
+                                            ha_master_address=link.address)) as slave:
+            await trio.sleep(1.5)  # past the handshake's time limit: the slave gave up and tries again
+            link.heal()
+            with trio.fail_after(10):
+                while slave.store.commitlog.max_offset != master.store.commitlog.max_offset:
+                    await trio.sleep(0.02)
+            host, port = parse_address(master.ha_controller.ha_server_addr)
+            await no_log_from_ha_port(await trio.open_tcp_stream(host, port))
+            no_cert = trio.SSLStream(await trio.open_tcp_stream(host, port), client_ssl_context(pki.ca),
+                                     server_hostname=host)
+            await no_log_from_ha_port(no_cert)
+            await send(rc, master.address, b"m1")
+            with trio.fail_after(10):
+                while slave.store.commitlog.max_offset != master.store.commitlog.max_offset:
+                    await trio.sleep(0.02)
+            assert slave.ha_controller.client.connected
+        nursery.cancel_scope.cancel()

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -35,6 +36,7 @@ from trimq.broker.store.ha.codec import (
 from trimq.broker.store.ha.history import HAState, truncation_point
 from trimq.broker.store.store_base import PutMessageStatus
 from trimq.runtime.logs import get_logger
+from trimq.runtime.tls import tls_listeners
 
 if TYPE_CHECKING:
     from trimq.broker.store.message_store import MessageStore
@@ -72,8 +74,11 @@ class HAService:
                  batch_size: int = 32 * 1024, heartbeat_interval_ms: int = 5_000,
                  housekeeping_interval_ms: int = 20_000, fallbehind_max: int = 256 * 1024 * 1024,
                  slave_timeout_ms: int = 3_000, is_master: Callable[[], bool] = lambda: True,
-                 master_addr: Callable[[], str] = lambda: "", broker_epoch: Callable[[], int] = lambda: 0) -> None:
+                 master_addr: Callable[[], str] = lambda: "", broker_epoch: Callable[[], int] = lambda: 0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.store = store
+        #: TLS of the HA port (the broker's own server context: the port carries every stored message)
+        self.ssl_context = ssl_context
         self.state = state
         self.host = host
         self.port = port
@@ -102,11 +107,12 @@ class HAService:
     # -- serving -----------------------------------------------------------------------------------------
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on the HA port and serve slaves until cancelled."""
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
-        self.port = listeners[0].socket.getsockname()[1]
+        tcp = await trio.open_tcp_listeners(self.port, host=self.host)
+        self.port = tcp[0].socket.getsockname()[1]
         self.bound.set()
-        log.info("ha.listening", host=self.host, port=self.port)
+        log.info("ha.listening", host=self.host, port=self.port, tls=self.ssl_context is not None)
         task_status.started()
+        listeners: list[Any] = tls_listeners(tcp, self.ssl_context) if self.ssl_context is not None else tcp
         await trio.serve_listeners(self._handle, listeners)
 
     @property
@@ -120,9 +126,11 @@ class HAService:
             conn.cancel_scope.cancel()
         self._release_waiters()
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, stream: trio.abc.Stream) -> None:
+        tcp = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        assert isinstance(tcp, trio.SocketStream)
         try:
-            peer = stream.socket.getpeername()
+            peer = tcp.socket.getpeername()
             remote = f"{peer[0]}:{peer[1]}"
         except OSError:
             remote = "?"
@@ -141,7 +149,7 @@ class HAService:
                     log.info("ha.slave_disconnected", slave=remote, acked_offset=conn.slave_ack_offset)
                     self._release_waiters()
 
-    async def _serve_connection(self, conn: HAConnection, stream: trio.SocketStream) -> None:
+    async def _serve_connection(self, conn: HAConnection, stream: trio.abc.Stream) -> None:
         buf = StreamBuffer()
         hello = None
         with trio.move_on_after(self.housekeeping_interval_s):
@@ -203,9 +211,9 @@ class HAService:
                        "empty the slave's store to start it afresh")
         return ack(start)
 
-    async def _read_loop(self, conn: HAConnection, stream: trio.SocketStream, buf: StreamBuffer) -> None:
+    async def _read_loop(self, conn: HAConnection, stream: trio.abc.Stream, buf: StreamBuffer) -> None:
         while True:
-            data = b""
+            data: bytes | bytearray = b""
             with trio.move_on_after(self.housekeeping_interval_s):
                 data = await stream.receive_some(_RECEIVE_BYTES)
                 if not data:
@@ -224,7 +232,7 @@ class HAService:
                     self.push_slave_max_offset = best
                     self._release_waiters()
 
-    async def _write_loop(self, conn: HAConnection, stream: trio.SocketStream) -> None:
+    async def _write_loop(self, conn: HAConnection, stream: trio.abc.Stream) -> None:
         cl = self.store.commitlog
         while True:
             appended = self._appended

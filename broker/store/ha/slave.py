@@ -11,6 +11,7 @@ later, to the master address in force then (configured, or learned from the name
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,11 @@ class HAClient:
 
     def __init__(self, store: MessageStore, state: HAState, *, master_ha_address: Callable[[], str],
                  heartbeat_interval_ms: int = 5_000, housekeeping_interval_ms: int = 20_000,
-                 reconnect_interval_ms: int = 1_000, on_master: Callable[[HelloAck], None] | None = None) -> None:
+                 reconnect_interval_ms: int = 1_000, on_master: Callable[[HelloAck], None] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.store = store
+        #: TLS towards the master's HA port (None: plain TCP), verifying it as the broker's request port is
+        self.ssl_context = ssl_context
         self.state = state
         self.writer = ReplicaWriter(store)
         self.master_ha_address = master_ha_address
@@ -88,7 +92,7 @@ class HAClient:
                 continue
             try:
                 await self._session(addr)
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, HAProtocolError,
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, HAProtocolError,
                     ValueError) as exc:
                 log_rate_limited(self._errors, addr, int(trio.current_time() * 1000), log.warning,
                                  "ha.master_connection_failed", master=addr, error=str(exc) or type(exc).__name__)
@@ -106,8 +110,14 @@ class HAClient:
     async def _session(self, addr: str) -> None:
         host, port = parse_address(addr)
         with trio.fail_after(self.housekeeping_interval_s):
-            stream = await trio.open_tcp_stream(host, port)
+            tcp = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = tcp
+        if self.ssl_context is not None:
+            stream = trio.SSLStream(tcp, self.ssl_context, server_hostname=host)
         async with stream:
+            if isinstance(stream, trio.SSLStream):
+                with trio.fail_after(self.housekeeping_interval_s):
+                    await stream.do_handshake()
             cl = self.store.commitlog
             await stream.send_all(encode_hello(Hello(self.state.master_epoch, cl.max_offset)))
             buf = StreamBuffer()
@@ -152,13 +162,13 @@ class HAClient:
                 self.on_master(ack)
             await self._follow(stream, buf)
 
-    async def _report(self, stream: trio.SocketStream) -> None:
+    async def _report(self, stream: trio.abc.Stream) -> None:
         offset = self.store.commitlog.max_offset
         await stream.send_all(encode_offset_report(offset))
         self.reported_offset = offset
         self._last_report = trio.current_time()
 
-    async def _follow(self, stream: trio.SocketStream, buf: StreamBuffer) -> None:
+    async def _follow(self, stream: trio.abc.Stream, buf: StreamBuffer) -> None:
         cl = self.store.commitlog
         writer = self.writer
         await self._report(stream)

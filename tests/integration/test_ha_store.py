@@ -180,3 +180,35 @@ async def test_a_restarted_slave_whose_log_starts_late_keeps_dispatching(tmp_pat
                     mq, sq = master.find_consume_queue("T", qid), slave.find_consume_queue("T", qid)
                     assert mq is not None and sq is not None and sq.max_offset == mq.max_offset
                 sn.cancel_scope.cancel()
+
+
+async def test_a_slave_reporting_more_than_the_master_has_is_dropped_and_believed_in_nothing(tmp_path: Path) -> None:
+    """A "slave" that reports an offset past the master's log end (a hostile peer, or a bug) would make a SYNC_MASTER
+    answer every later send as replicated: the master closes that connection, saying why, believes nothing of the
+    report, and goes on serving an honest slave."""
+    from trimq.broker.store.ha.codec import Hello, StreamBuffer, encode_hello, encode_offset_report
+
+    master, slave = _store(tmp_path / "master"), _store(tmp_path / "slave")
+    async with _running(master) as mn, _running(slave) as sn:
+        service, client = _pair(master, slave, HAState(None, history=[(1, 0)]), HAState(None))
+        await mn.start(service.serve)
+        await _put(master, 3)
+        host, port = service.address.rsplit(":", 1)
+        liar = await trio.open_tcp_stream(host, int(port))
+        await liar.send_all(encode_hello(Hello(1, 0)))
+        buf = StreamBuffer()
+        with trio.fail_after(5):
+            while buf.next_hello_ack() is None:
+                buf.feed(await liar.receive_some(4096))
+        await liar.send_all(encode_offset_report(master.commitlog.max_offset + 10**9))
+        with trio.fail_after(5):  # the master closes the connection (after the frames it had queued)
+            while await liar.receive_some(65536):
+                pass
+        await liar.aclose()
+        assert service.push_slave_max_offset <= master.commitlog.max_offset and not service.connections
+        await sn.start(client.run)
+        await _put(master, 2)
+        await _caught_up(master, slave, client)
+        with trio.fail_after(10):  # and its report arrives
+            while service.push_slave_max_offset != master.commitlog.max_offset:
+                await trio.sleep(0.01)

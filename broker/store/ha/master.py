@@ -226,6 +226,11 @@ class HAService:
             best = None
             while (offset := buf.next_offset_report()) is not None:
                 best = offset
+            if best is not None and best > self.store.commitlog.max_offset:
+                # A slave holds only what this master sent it: believing more would let a SYNC_MASTER answer sends
+                # as replicated that no slave has (and push_slave_max_offset never goes back).
+                raise HAProtocolError(f"the slave reported offset {best}, past this master's log end "
+                                      f"{self.store.commitlog.max_offset}")
             if best is not None:
                 conn.slave_ack_offset = best
                 if best > self.push_slave_max_offset:

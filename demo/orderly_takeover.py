@@ -13,6 +13,7 @@ in order, exactly once, and the takeover took under a second.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import defaultdict
@@ -34,7 +35,9 @@ STEPS = 30
 RATE = 1000.0  # messages per second: ~3 s of traffic, so the stop happens while messages flow
 CONSUMERS = ("c1", "c2", "c3")
 STOPPED = "c1"
-TAKEOVER_LIMIT_MS = 1000
+#: The demo's promise; TRIMQ_DEMO_TAKEOVER_LIMIT_MS changes it (the test suite, whose other worker shares the CPU,
+#: checks what the demo checks but the time; the takeover benchmark measures that).
+TAKEOVER_LIMIT_MS = int(os.environ.get("TRIMQ_DEMO_TAKEOVER_LIMIT_MS", "1000"))
 
 
 @dataclass

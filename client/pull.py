@@ -372,6 +372,14 @@ class PullService:
             await self._after_batch_under_way(pq)
         else:
             await trio.sleep(OFFSET_ILLEGAL_DELAY_MS / 1000)
+        if self.rebalance.process_queue_table.get(mq) is not pq:
+            # The queue was dropped and taken again meanwhile (a rebalance, a pause past the lease): its new process
+            # queue's position is the one that counts. Storing this older one would rewind the queue under the new
+            # lock grant (RocketMQ stores it regardless; long ASYNC chaos seed 19: 1416 -> 161, ten seconds after
+            # SIGCONT).
+            log.info("pull.offset_illegal_superseded", group=self.consumer_group, mq=str(mq),
+                     offset=request.next_offset)
+            return None
         self.offset_store.update_offset(mq, request.next_offset, False)
         await self.offset_store.persist(mq)
         if self.rebalance.remove_process_queue(mq, pq) is not None:

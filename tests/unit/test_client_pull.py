@@ -364,6 +364,23 @@ async def test_offset_illegal_drops_then_fixes_offset_after_10s(autojump_clock: 
     assert MQ in store.persisted
 
 
+async def test_offset_illegal_of_a_queue_taken_again_meanwhile_stores_nothing(autojump_clock: Any) -> None:
+    # Long ASYNC chaos seed 19: a consumer resumed from a pause got OFFSET_ILLEGAL for a queue it had lost; during the
+    # 10 s wait its rebalance took the queue again (a new process queue, consuming from the broker's offset). Storing
+    # and persisting the old answer's offset then rewound the queue under the new lock grant.
+    ps, rb, client, store, _rec, pr = setup()
+    client.api.results = [PullResult(PullStatus.OFFSET_ILLEGAL, 40, 40, 90)]
+    newer = ProcessQueue(0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ps.pull_once, pr)
+        await trio.sleep(1)
+        assert pr.process_queue.dropped
+        rb.process_queue_table[MQ] = newer  # taken again; its owner consumes from 85
+        store.update_offset(MQ, 85, False)
+    assert rb.process_queue_table[MQ] is newer and not newer.dropped
+    assert store.table.get(MQ) == 85 and MQ not in store.persisted
+
+
 async def test_a_position_moved_back_by_a_newer_master_epoch_is_fixed_at_once(autojump_clock: Any) -> None:
     # After a failover that lost records the consumer had read, the broker moves its position back (its log began a
     # newer epoch than the pull's): nothing to let settle for 10 s.

@@ -371,6 +371,13 @@ async def test_a_restarted_master_confirmed_by_its_name_server_takes_sends_and_c
             assert a.ha_controller.role == "ASYNC_MASTER"
             stop.set()
             await stopped.wait()
+        # without a name server to ask (an embedded one, or ha_master_address alone), a restart takes sends at once
+        stop, stopped = trio.Event(), trio.Event()
+        a = await nursery.start(run_broker, broker_factory, {**cfg, "namesrv_addr": ""}, stop, stopped)
+        assert a.store.writable
+        assert (await send(rclient, a.address, "T", 0, b"no-name-server")).code == ResponseCode.SUCCESS
+        stop.set()
+        await stopped.wait()
         nursery.cancel_scope.cancel()
 
 

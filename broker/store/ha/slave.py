@@ -111,13 +111,12 @@ class HAClient:
         host, port = parse_address(addr)
         with trio.fail_after(self.housekeeping_interval_s):
             tcp = await trio.open_tcp_stream(host, port)
-        stream: trio.abc.Stream = tcp
-        if self.ssl_context is not None:
-            stream = trio.SSLStream(tcp, self.ssl_context, server_hostname=host)
+        tls = trio.SSLStream(tcp, self.ssl_context, server_hostname=host) if self.ssl_context is not None else None
+        stream: trio.abc.Stream = tls or tcp
         async with stream:
-            if isinstance(stream, trio.SSLStream):
+            if tls is not None:
                 with trio.fail_after(self.housekeeping_interval_s):
-                    await stream.do_handshake()
+                    await tls.do_handshake()
             cl = self.store.commitlog
             await stream.send_all(encode_hello(Hello(self.state.master_epoch, cl.max_offset)))
             buf = StreamBuffer()

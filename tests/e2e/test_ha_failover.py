@@ -81,7 +81,10 @@ async def until(pred: Any, what: str, timeout: float = 20) -> None:
 def consumer(ns: str, group: str, seen: list[str]) -> PushConsumer:
     c = PushConsumer(PushConsumerConfig(namesrv_addr=ns, consumer_group=group,
                                         consume_from_where="CONSUME_FROM_FIRST_OFFSET",
-                                        persist_consumer_offset_interval=200))
+                                        persist_consumer_offset_interval=200,
+                                        # listener calls that returned when the test closes the consumer commit
+                                        # (the default 0, RocketMQ's, drops their results: redelivered later)
+                                        await_termination_millis_when_shutdown=5000))
     c.subscribe(TOPIC)
 
     def listener(msgs: list[Any], context: Any) -> Any:

@@ -28,3 +28,13 @@ def test_demo_summary_holds(tmp_path: Path) -> None:
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "per-key order violations   0" in out.stdout and "demo: OK" in out.stdout
+
+
+@pytest.mark.parametrize("value", ["1s", "0", ""])
+def test_demo_says_what_is_wrong_with_its_takeover_limit(value: str) -> None:
+    env = {**os.environ, "TRIMQ_DEMO_TAKEOVER_LIMIT_MS": value}
+    out = subprocess.run([sys.executable, "-m", "trimq.demo"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60, env=env)
+    assert out.returncode != 0
+    assert f"TRIMQ_DEMO_TAKEOVER_LIMIT_MS={value!r}: expected a positive number of milliseconds" in out.stderr
+    assert "Traceback" not in out.stderr

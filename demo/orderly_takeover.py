@@ -17,8 +17,8 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio

@@ -475,10 +475,13 @@ class ScheduleMessageService:
             try:
                 await self.persist()
             except OSError as exc:
-                self._changed = True
+                self._changed = True  # retried at the next delivery or the safety wake-up, not in a tight loop
                 log.error("schedule.persist_failed", path=self.path, error=str(exc))
-            if self.durable_offsets() != self.offsets:
-                # Copies still waiting for the store's next fsync: write again once it is likely done.
+                continue
+            if self.persisted_offsets != self.offsets:
+                # What was written is behind: copies still waiting for the store's next fsync, or fsynced while the
+                # older snapshot was being written (comparing the durable progress now would stop here with the
+                # file behind until the next delivery). Write again once the fsync is likely done.
                 await trio.sleep(PENDING_RECHECK_S)
                 self._changed = True
                 self._dirty.set()

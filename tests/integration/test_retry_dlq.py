@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -386,6 +387,38 @@ async def test_progress_is_persisted_only_past_copies_the_store_has_fsynced(tmp_
         assert svc.durable_offsets()[1] == 1
         with trio.fail_after(5):
             while svc.persisted_offsets.get(1) != 1:  # the persister catches up after the fsync
+                await trio.sleep(0.05)
+        assert store_file(tmp_path, "delayOffset.json")["offsetTable"]["1"] == 1
+
+
+async def test_progress_fsynced_while_its_previous_value_was_being_written_is_persisted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The persister wrote a snapshot taken before the store's fsync, then compared the *current* durable progress
+    # with the progress: equal, so it stopped, and the file kept the older value until the next delivery (the
+    # previous test failed this way under load, 2026-11-29).
+    import trimq.broker.store.schedule as schedule
+
+    writing, release = threading.Event(), threading.Event()
+    delivered: list[bool] = []
+    real_write = schedule.write_json_atomic
+
+    def write_held_after_delivery(path: Any, data: Any) -> None:
+        if delivered and not release.is_set():
+            writing.set()
+            release.wait(10)
+        real_write(path, data)
+
+    monkeypatch.setattr(schedule, "write_json_atomic", write_held_after_delivery)
+    async with running_broker(tmp_path / "store", flush_interval_ms=60_000) as broker, RemotingClient() as rc:
+        svc = broker.schedule_message_service
+        assert (await send(rc, broker.address, T, b"m", {"DELAY": "1"})).ok
+        delivered.append(True)
+        await pull_until(rc, broker.address, T, 0, 1)
+        await trio.to_thread.run_sync(writing.wait, 10)  # the persister is writing progress 0 (the copy not fsynced)
+        await broker.store.flush()
+        release.set()
+        with trio.fail_after(5):
+            while svc.persisted_offsets.get(1) != 1:
                 await trio.sleep(0.05)
         assert store_file(tmp_path, "delayOffset.json")["offsetTable"]["1"] == 1
 

@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 install: $(STAMP)
 
 test: $(STAMP) promtool browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests
 
 # promtool checks deploy/prometheus/ in the tests (tests/unit/test_deploy_configs.py). When it is not on PATH
 # it is taken out of Debian's prometheus package into build/tools/usr/bin without installing the package

@@ -13,7 +13,7 @@ from audit_stores import GROUP, SPLIT_SIZE, build_clean_store, build_gaps_store,
 from trimq.spark_jobs.audit import audit_store
 from trimq.spark_jobs.checks import DEFECT_CHECKS
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one worker, one Spark session (make test)
 
 
 def _counts(summary: dict) -> dict[str, dict[str, int]]:

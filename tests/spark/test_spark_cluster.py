@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from small_spark import TEST_JAVA_OPTIONS, conf_args
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.xdist_group("spark")]
 
 REPO = Path(__file__).resolve().parents[2]
 START = REPO / "deploy" / "spark" / "start-local-cluster.sh"

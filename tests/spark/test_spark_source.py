@@ -11,7 +11,7 @@ from audit_stores import StoreBuilder, write_rocketmq_segments
 from trimq.spark_jobs import parser as P
 from trimq.spark_jobs.commitlog_source import CQ_FORMAT_NAME, FORMAT_NAME, RECORD_SCHEMA, register
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one worker, one Spark session (make test)
 
 COLS = ["segment", "file_position", "physical_offset", "total_size", "malformed", "error", "crc_ok", "topic",
         "queue_id", "queue_offset", "keys", "tags", "born_host", "msg_id", "properties"]

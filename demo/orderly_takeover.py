@@ -53,7 +53,6 @@ def takeover_limit_ms(environ: Mapping[str, str]) -> int:
     return limit
 
 
-
 @dataclass
 class Consumed:
     consumer: str

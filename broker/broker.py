@@ -159,7 +159,6 @@ class Broker:
         # both ways: broker/ha/offset_sync.py), unlike RocketMQ's overwrite.
         self.ha_controller.sync.push_offsets = offsets_newer_here
         self.ha_controller.persist_offsets = self.coordination_service.persist_offsets
-        self.ha_controller.sync.persist_offsets = self.coordination_service.persist_offsets
         self.offset_merge_service = OffsetMergeService(registry=server, offsets=self.offset_manager)
         self.register_service.ha = self.ha_controller
         self.basic_service.ha_status = self.ha_controller.status

@@ -140,7 +140,7 @@ class HAController:
         self.client.on_master_lost = self._on_master_lost
         self.client.before_follow = self._offsets_before_follow
         #: Writes config/consumerOffset.json now (the broker wires the coordination service's, which serialises
-        #: writes); used after the clamp that follows a cut.
+        #: writes); used after the clamp that follows a cut and after a metadata sync merged offsets.
         self.persist_offsets: Callable[[], Awaitable[object]] | None = None
         #: Until the first handshake since a demotion or a start, committed offsets may point into a tail the master
         #: never had (cut by that handshake, then moved back by ``_offsets_before_follow``): no metadata sync hands
@@ -150,7 +150,7 @@ class HAController:
         self._confirmation_pending = False
         self.sync = SlaveSynchronize(master_addr=self._sync_master_addr, topics=topics, groups=groups, offsets=offsets,
                                      schedule=schedule, interval_ms=config.slave_synchronize_interval_ms,
-                                     merge_offsets=merge_offsets)
+                                     merge_offsets=merge_offsets, persist_offsets=self._write_offsets)
         self.promotions = 0
         self.demotions = 0
         self._transition: tuple[str, str, str] | None = None  # (new role, master addr, master HA addr)
@@ -371,7 +371,11 @@ class HAController:
             self.offsets.merge_entry(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", queue_id, end, version)
             log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
                         why="past the queue's end after the cut of this broker's tail")
-        if moved and self.persist_offsets is not None:
+        if moved:
+            await self._write_offsets()
+
+    async def _write_offsets(self) -> None:
+        if self.persist_offsets is not None:
             await self.persist_offsets()
 
     def _offsets_past_the_end(self) -> list[tuple[str, str, int, int, int, CommitVersion]]:

@@ -108,7 +108,8 @@ class SlaveSynchronize:
 
     def __init__(self, *, master_addr: Callable[[], str], topics: SyncedTopics, groups: SyncedGroups,
                  offsets: SyncedOffsets, schedule: SyncedDelayOffsets | None, interval_ms: int = 10_000,
-                 merge_offsets: OffsetMerge = overwrite_offsets) -> None:
+                 merge_offsets: OffsetMerge = overwrite_offsets,
+                 persist_offsets: Callable[[], Awaitable[object]] | None = None) -> None:
         self.master_addr = master_addr
         self.topics = topics
         self.groups = groups
@@ -116,10 +117,10 @@ class SlaveSynchronize:
         self.schedule = schedule
         self.interval_s = interval_ms / 1000
         self.merge_offsets = merge_offsets
+        #: Writes the offsets to disk now (the broker's offset writer, through the HA controller).
+        self.persist_offsets = persist_offsets
         #: Set by the composition root (broker/broker.py) to hand newer slave offsets back to the master.
         self.push_offsets: OffsetPush | None = None
-        #: Set by the composition root: writes the offsets to disk now (the coordination service's writer).
-        self.persist_offsets: Callable[[], Awaitable[object]] | None = None
         self.pushed_offsets = 0  # queues handed to the master (MERGE_CONSUMER_OFFSET)
         self._wakeup = trio.Event()
         self.syncs = 0  # completed rounds (tests, metrics)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from tests.integration.conftest import small_store_env
 from trimq.broker.broker import Broker, open_broker
@@ -421,6 +422,37 @@ async def test_progress_fsynced_while_its_previous_value_was_being_written_is_pe
             while svc.persisted_offsets.get(1) != 1:
                 await trio.sleep(0.05)
         assert store_file(tmp_path, "delayOffset.json")["offsetTable"]["1"] == 1
+
+
+async def test_a_failed_progress_write_is_said_and_retried_at_the_safety_wake_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One error line per failure, not one every half second while the disk stays bad; the write is retried at the
+    # next delivery or, as here with none, at the wake-up of flush_delay_offset_interval_ms.
+    import trimq.broker.store.schedule as schedule
+
+    failures: list[Any] = []
+    real_write = schedule.write_json_atomic
+
+    def fail_once_after_delivery(path: Any, data: Any) -> None:
+        if data["offsetTable"].get("1") == 1 and not failures:
+            failures.append(path)
+            raise OSError(28, "No space left on device")
+        real_write(path, data)
+
+    monkeypatch.setattr(schedule, "write_json_atomic", fail_once_after_delivery)
+    with capture_logs() as logs:
+        async with running_broker(tmp_path / "store", flush_delay_offset_interval_ms=500) as broker, \
+                RemotingClient() as rc:
+            svc = broker.schedule_message_service
+            assert (await send(rc, broker.address, T, b"m", {"DELAY": "1"})).ok
+            await pull_until(rc, broker.address, T, 0, 1)
+            with trio.fail_after(5):
+                while svc.persisted_offsets.get(1) != 1:
+                    await trio.sleep(0.05)
+    assert failures
+    errors = [e for e in logs if e["event"] == "schedule.persist_failed"]
+    assert len(errors) == 1 and "No space left on device" in errors[0]["error"]
+    assert store_file(tmp_path, "delayOffset.json")["offsetTable"]["1"] == 1
 
 
 # -- crash ------------------------------------------------------------------------------------------------

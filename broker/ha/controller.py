@@ -138,7 +138,7 @@ class HAController:
                                housekeeping_interval_ms=config.ha_housekeeping_interval,
                                on_master=self._on_master, ssl_context=_broker_ssl_context(config))
         self.client.on_master_lost = self._on_master_lost
-        self.client.before_follow = self._offsets_before_follow
+        self.client.before_follow = self._before_follow
         #: Writes config/consumerOffset.json now (the broker wires the coordination service's, which serialises
         #: writes); used after the clamp that follows a cut and after a metadata sync merged offsets.
         self.persist_offsets: Callable[[], Awaitable[object]] | None = None
@@ -312,14 +312,14 @@ class HAController:
         self.state.begin_epoch(epoch, cl.max_offset)
         self.state.broker_role, self.state.broker_id = role, MASTER_ID
         await trio.to_thread.run_sync(self.state.save)
-        # Lock epochs above every one the old master granted: its broker epoch is the high half of them. The
-        # synced commits' epochs count too (the old master may have restarted since this broker last heard of it):
-        # a grant below them would have its holder's commits refused as stale.
+        # Lock epochs above every one the old master granted: its broker epoch is the high half of them (the epoch
+        # store holds the one of the last lifetime this broker followed, also across its own restarts). The synced
+        # commits' epochs count too (the old master may have restarted since this broker last heard of it): a grant
+        # below them would have its holder's commits refused as stale.
         old_broker_epoch = known.broker_epoch if known is not None else 0
         es = self.epoch_store
-        es.broker_epoch = max(es.broker_epoch, self.locks.broker_epoch, old_broker_epoch,
-                              split_epoch(self.offsets.max_lock_epoch())[0])
-        await trio.to_thread.run_sync(es.bump)
+        above = max(self.locks.broker_epoch, old_broker_epoch, split_epoch(self.offsets.max_lock_epoch())[0])
+        await trio.to_thread.run_sync(es.bump, above)
         # Nobody's lease is known here: wait out the longest one the old master could have granted.
         grace = max(es.max_takeover_ms, self.locks.takeover_after_ms) if self.leases else 0
         self.locks.start_lifetime(es.broker_epoch, grace)
@@ -353,6 +353,14 @@ class HAController:
             self.offsets.reset_offset(group, topic, queue_id, end)
             log.warning("ha.offset_clamped", group=group, topic=topic, queue_id=queue_id, offset=offset, to=end,
                         why="past the queue's end in the promoted log")
+
+    async def _before_follow(self) -> None:
+        """After a handshake, before following: remember the master's broker epoch, then clamp the offsets."""
+        master = self.client.master
+        if master is not None and master.broker_epoch > self.epoch_store.broker_epoch:
+            # Persisted, so a promotion after this broker restarted (its HelloAck gone) still grants above it.
+            await trio.to_thread.run_sync(self.epoch_store.raise_to, master.broker_epoch)
+        await self._offsets_before_follow()
 
     async def _offsets_before_follow(self) -> None:
         """After a handshake, before following: committed offsets past a queue's end here go back to that end. A

@@ -3,7 +3,11 @@
 It is the high half of every queue-lock fencing epoch the broker grants (broker/locks.py,
 ``(broker_epoch << 32) | counter``): lock tables live in memory and their counters restart from 1, so without
 it a grant after a restart could compare lower than one before. The HA issue increments it on a slave's
-promotion too (:meth:`BrokerEpochStore.bump`).
+promotion too (:meth:`BrokerEpochStore.bump`), above every epoch the slave knows its master's lifetimes used: a
+slave raises its own to its master's at every handshake (:meth:`BrokerEpochStore.raise_to`), so that a slave
+restarted while its master was away still promotes above the lifetime it last followed (long ASYNC chaos seed 56:
+the master had started three times and its slave twice, the promoted slave's grants took the old master's epoch 3,
+and a commit the returning old master handed over ranked above them and fenced the new holder's commits).
 
 The file also remembers the longest takeover time (lease + margin, ms) any lifetime of this store has granted
 locks with: a restarted broker keeps free queues for their claimants that long (the restart grace,
@@ -16,6 +20,7 @@ an epoch. Blocking file I/O: the coordination service runs :meth:`BrokerEpochSto
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +61,9 @@ class BrokerEpochStore:
         self.path = path
         self.broker_epoch = 0
         self.max_takeover_ms = 0
+        # bump and raise_to run in worker threads, maybe at once (a promotion while a handshake ends): each
+        # changes the epoch and writes the file under the lock, so the file never ends below the memory
+        self._lock = threading.Lock()
 
     def _read(self) -> dict[str, Any] | None:
         if self.path is None:
@@ -78,21 +86,38 @@ class BrokerEpochStore:
     def begin(self, takeover_after_ms: int) -> EpochStart:
         """Start a broker lifetime that grants locks taken over after ``takeover_after_ms``: increment the epoch,
         remember the longest takeover time, persist both (blocking, fsync). Returns the epoch and the grace."""
-        data = self._read()
-        previous_epoch = int(data["brokerEpoch"]) if data is not None else 0
-        previous_longest = int(data.get("maxTakeoverMs", 0)) if data is not None else 0
-        if previous_epoch >= MAX_BROKER_EPOCH:
-            raise BrokerEpochError(f"{self.path}: brokerEpoch {previous_epoch} cannot grow any more")
-        self.broker_epoch = previous_epoch + 1
-        self.max_takeover_ms = max(previous_longest, takeover_after_ms)
-        self._write()
+        with self._lock:
+            data = self._read()
+            previous_epoch = int(data["brokerEpoch"]) if data is not None else 0
+            previous_longest = int(data.get("maxTakeoverMs", 0)) if data is not None else 0
+            if previous_epoch >= MAX_BROKER_EPOCH:
+                raise BrokerEpochError(f"{self.path}: brokerEpoch {previous_epoch} cannot grow any more")
+            self.broker_epoch = previous_epoch + 1
+            self.max_takeover_ms = max(previous_longest, takeover_after_ms)
+            self._write()
         # The grace covers what the *previous* lifetimes granted; a store's first start has nothing to wait for.
         return EpochStart(self.broker_epoch, previous_longest if data is not None else 0, data is None)
 
-    def bump(self) -> int:
-        """Increment the epoch during a lifetime (the HA issue's promotion of a slave); persists; returns it."""
-        if self.broker_epoch >= MAX_BROKER_EPOCH:
-            raise BrokerEpochError(f"{self.path}: brokerEpoch {self.broker_epoch} cannot grow any more")
-        self.broker_epoch += 1
-        self._write()
-        return self.broker_epoch
+    def bump(self, above: int = 0) -> int:
+        """Move the epoch past both itself and ``above`` during a lifetime (the HA issue's promotion of a slave:
+        ``above`` is the newest epoch it knows its old master used); persists; returns it."""
+        with self._lock:
+            epoch = max(self.broker_epoch, above)
+            if epoch >= MAX_BROKER_EPOCH:
+                raise BrokerEpochError(f"{self.path}: brokerEpoch {epoch} cannot grow any more")
+            self.broker_epoch = epoch + 1
+            self._write()
+            return self.broker_epoch
+
+    def raise_to(self, broker_epoch: int) -> bool:
+        """Raise the epoch to ``broker_epoch`` when that is higher (a slave learning its master's); persists then.
+        Whether it grew."""
+        if isinstance(broker_epoch, bool) or not isinstance(broker_epoch, int) or \
+                not 0 <= broker_epoch <= MAX_BROKER_EPOCH:
+            raise BrokerEpochError(f"brokerEpoch must be an integer in [0, {MAX_BROKER_EPOCH}], got {broker_epoch!r}")
+        with self._lock:
+            if broker_epoch <= self.broker_epoch:
+                return False
+            self.broker_epoch = broker_epoch
+            self._write()
+            return True

@@ -274,6 +274,30 @@ async def test_promotion_and_the_old_masters_demotion_with_tail_truncation(
             assert a.ha_controller.role == "SLAVE" and a.ha_controller.broker_id == 1
 
 
+async def test_a_slave_restarted_while_its_master_is_away_promotes_above_the_masters_lock_epochs(
+        broker_factory: Callable[..., Any], rclient: RemotingClient, tmp_path: Any) -> None:
+    # long ASYNC chaos seed 56: the master had started three times, its slave twice, and the slave was promoted after
+    # a restart (no handshake since, so no HelloAck in memory). It granted under the old master's broker epoch 3: a
+    # commit the returning old master handed over (its epoch-3 grant, later counter) outranked the new holder's grant
+    # and every commit of that holder was refused as stale.
+    a_dir, b_dir = str(tmp_path / "a"), str(tmp_path / "b")
+    for _ in range(2):  # two earlier lifetimes of the master
+        async with broker_factory(store_dir=a_dir):
+            pass
+    async with broker_factory(store_dir=a_dir) as a:
+        old_broker_epoch = a.lock_manager.broker_epoch
+        async with broker_factory(store_dir=b_dir, **slave_settings(a)) as b:
+            await caught_up(a, b)
+            assert b.lock_manager.broker_epoch < old_broker_epoch  # the slave's own lifetimes are fewer
+    assert old_broker_epoch == 3
+    async with broker_factory(store_dir=b_dir, broker_role="SLAVE", broker_id=1,
+                              ha_master_address="127.0.0.1:1") as b:  # the master is gone
+        r = await call(rclient, b.address, RC.PROMOTE_BROKER, {"brokerName": b.config.broker_name, "brokerId": 1})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert b.ha_controller.role == "ASYNC_MASTER"
+        assert b.lock_manager.broker_epoch > old_broker_epoch
+
+
 async def test_runtime_info_shows_the_role_and_cli_flags_set_it(broker_factory: Callable[..., Any],
                                                                   rclient: RemotingClient) -> None:
     from click.testing import CliRunner

@@ -142,6 +142,25 @@ def test_the_broker_epoch_grows_with_every_start_and_the_grace_covers_the_longes
     assert BrokerEpochStore(None).begin(2_400).broker_epoch == 1  # memory only
 
 
+def test_a_slave_keeps_its_masters_broker_epoch_and_promotes_above_it(tmp_path: Path) -> None:
+    # long ASYNC chaos seed 56: the master had started 3 times, its slave twice; promoted after a restart (no
+    # handshake since), the slave took epoch 3 and its grants collided with the old master's
+    path = epoch_file_path(str(tmp_path))
+    slave = BrokerEpochStore(path)
+    assert slave.begin(2_400).broker_epoch == 1
+    assert slave.raise_to(3)  # handshake with the master's third lifetime
+    assert not slave.raise_to(2)  # never lowered
+    assert json.loads(Path(path).read_text())["brokerEpoch"] == 3
+    restarted = BrokerEpochStore(path)
+    assert restarted.begin(2_400).broker_epoch == 4
+    assert restarted.bump() == 5  # promoted: above the old master's lifetimes
+    assert restarted.bump(above=9) == 10  # a synced commit of a lifetime never heard of
+    assert json.loads(Path(path).read_text())["brokerEpoch"] == 10
+    for bad in (-1, True, "3", 2**31):
+        with pytest.raises(BrokerEpochError, match="brokerEpoch must be"):
+            restarted.raise_to(bad)  # type: ignore[arg-type]
+
+
 # ---------------------------------------------------------------------------------------------- offset fencing
 
 

@@ -39,7 +39,7 @@ from trimq.broker.ha.slave_sync import (
     overwrite_offsets,
 )
 from trimq.broker.locks import split_epoch
-from trimq.broker.store.epoch import BrokerEpochStore
+from trimq.broker.store.epoch import BrokerEpochStore, promotion_floor
 from trimq.broker.store.ha.codec import HelloAck
 from trimq.broker.store.ha.history import HAState, ha_state_path
 from trimq.broker.store.ha.master import HAService
@@ -314,11 +314,13 @@ class HAController:
         await trio.to_thread.run_sync(self.state.save)
         # Lock epochs above every one the old master granted: its broker epoch is the high half of them (the epoch
         # store holds the one of the last lifetime this broker followed, also across its own restarts). The synced
-        # commits' epochs count too (the old master may have restarted since this broker last heard of it): a grant
-        # below them would have its holder's commits refused as stale.
+        # commits' epochs count too, and the new master epoch's band (broker/store/epoch.py) covers the lifetimes
+        # the old master may have started since this broker last heard of it: a grant below one of theirs would
+        # have its holder's commits refused as stale.
         old_broker_epoch = known.broker_epoch if known is not None else 0
         es = self.epoch_store
-        above = max(self.locks.broker_epoch, old_broker_epoch, split_epoch(self.offsets.max_lock_epoch())[0])
+        above = max(self.locks.broker_epoch, old_broker_epoch, split_epoch(self.offsets.max_lock_epoch())[0],
+                    promotion_floor(epoch) - 1)
         await trio.to_thread.run_sync(es.bump, above)
         # Nobody's lease is known here: wait out the longest one the old master could have granted.
         grace = max(es.max_takeover_ms, self.locks.takeover_after_ms) if self.leases else 0

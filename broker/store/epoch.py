@@ -3,11 +3,17 @@
 It is the high half of every queue-lock fencing epoch the broker grants (broker/locks.py,
 ``(broker_epoch << 32) | counter``): lock tables live in memory and their counters restart from 1, so without
 it a grant after a restart could compare lower than one before. The HA issue increments it on a slave's
-promotion too (:meth:`BrokerEpochStore.bump`), above every epoch the slave knows its master's lifetimes used: a
-slave raises its own to its master's at every handshake (:meth:`BrokerEpochStore.raise_to`), so that a slave
-restarted while its master was away still promotes above the lifetime it last followed (long ASYNC chaos seed 56:
-the master had started three times and its slave twice, the promoted slave's grants took the old master's epoch 3,
-and a commit the returning old master handed over ranked above them and fenced the new holder's commits).
+promotion too (:meth:`BrokerEpochStore.bump`), above every epoch its old master's lifetimes used, so that the new
+master's grants outrank every grant of the old one (long ASYNC chaos seed 56: the master had started three times and
+its slave twice, the promoted slave's grants took the old master's epoch 3, and a commit the returning old master
+handed over ranked above them and fenced the new holder's commits). Two rules make sure of it:
+
+* a slave raises its own epoch to its master's at every handshake (:meth:`BrokerEpochStore.raise_to`), so a slave
+  restarted while its master was away still knows the lifetime it last followed;
+* each master epoch (the HA succession, broker/store/ha/history.py) has a band of its own, ``2**16`` broker epochs
+  from ``master_epoch << 16`` (:func:`promotion_floor`): a promotion goes at least there, above the lifetimes of the
+  old master that this slave never followed too (restarts after its last handshake), unless the old master started
+  65,536 times in its band.
 
 The file also remembers the longest takeover time (lease + margin, ms) any lifetime of this store has granted
 locks with: a restarted broker keeps free queues for their claimants that long (the restart grace,
@@ -26,10 +32,20 @@ from typing import Any
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
 
-__all__ = ["BrokerEpochError", "BrokerEpochStore", "EpochStart", "epoch_file_path"]
+__all__ = ["BrokerEpochError", "BrokerEpochStore", "EpochStart", "epoch_file_path", "promotion_floor"]
 
 #: Broker epochs fit the high 31 bits of a non-negative int64 fencing epoch.
 MAX_BROKER_EPOCH = 2**31 - 1
+
+#: Broker epochs per master epoch (the module docstring): a master restarts up to 65,535 times in its band.
+MASTER_EPOCH_BAND_BITS = 16
+
+
+def promotion_floor(master_epoch: int) -> int:
+    """The lowest broker epoch of ``master_epoch``'s band: where a slave promoted to that master epoch starts at
+    least (0 past the 32,767th master epoch, whose bands would not fit: then only the known epochs count)."""
+    floor = master_epoch << MASTER_EPOCH_BAND_BITS
+    return floor if 0 < floor <= MAX_BROKER_EPOCH else 0
 
 
 class BrokerEpochError(ValueError):

@@ -281,21 +281,32 @@ async def test_a_slave_restarted_while_its_master_is_away_promotes_above_the_mas
     # commit the returning old master handed over (its epoch-3 grant, later counter) outranked the new holder's grant
     # and every commit of that holder was refused as stale.
     a_dir, b_dir = str(tmp_path / "a"), str(tmp_path / "b")
-    for _ in range(2):  # two earlier lifetimes of the master
+
+    async def master_lifetime() -> None:
         async with broker_factory(store_dir=a_dir):
             pass
+
+    for _ in range(2):
+        await master_lifetime()
     async with broker_factory(store_dir=a_dir) as a:
-        old_broker_epoch = a.lock_manager.broker_epoch
+        assert a.lock_manager.broker_epoch == 3
         async with broker_factory(store_dir=b_dir, **slave_settings(a)) as b:
             await caught_up(a, b)
-            assert b.lock_manager.broker_epoch < old_broker_epoch  # the slave's own lifetimes are fewer
-    assert old_broker_epoch == 3
+            assert b.lock_manager.broker_epoch == 1  # its own lifetime
+    # the slave wrote down the master's broker epoch at the handshake: known across its restarts
+    assert json.loads((Path(b_dir) / "config" / "brokerEpoch.json").read_text())["brokerEpoch"] == 3
+    for _ in range(2):  # lifetimes of the master this slave never hears of
+        await master_lifetime()
+    old_broker_epoch = json.loads((Path(a_dir) / "config" / "brokerEpoch.json").read_text())["brokerEpoch"]
+    assert old_broker_epoch == 5
     async with broker_factory(store_dir=b_dir, broker_role="SLAVE", broker_id=1,
                               ha_master_address="127.0.0.1:1") as b:  # the master is gone
+        assert b.lock_manager.broker_epoch == 4  # its own start, above the master's it knew
         r = await call(rclient, b.address, RC.PROMOTE_BROKER, {"brokerName": b.config.broker_name, "brokerId": 1})
         assert r.code == ResponseCode.SUCCESS, r.remark
-        assert b.ha_controller.role == "ASYNC_MASTER"
-        assert b.lock_manager.broker_epoch > old_broker_epoch
+        assert b.ha_controller.role == "ASYNC_MASTER" and b.ha_controller.master_epoch == 2
+        # master epoch 2's band: above the old master's lifetimes, the ones never heard of too
+        assert b.lock_manager.broker_epoch == 2 << 16 > old_broker_epoch
 
 
 async def test_runtime_info_shows_the_role_and_cli_flags_set_it(broker_factory: Callable[..., Any],

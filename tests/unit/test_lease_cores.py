@@ -19,7 +19,7 @@ import trio
 
 from trimq.broker.consumers import ConsumerManager, parse_heartbeat
 from trimq.broker.locks import RebalanceLockManager, make_epoch
-from trimq.broker.store.epoch import BrokerEpochError, BrokerEpochStore, epoch_file_path
+from trimq.broker.store.epoch import BrokerEpochError, BrokerEpochStore, epoch_file_path, promotion_floor
 from trimq.broker.store.offsets import ConsumerOffsetManager
 from trimq.client.api import LockBatchAnswer
 from trimq.client.config import PushConsumerConfig
@@ -159,6 +159,12 @@ def test_a_slave_keeps_its_masters_broker_epoch_and_promotes_above_it(tmp_path: 
     for bad in (-1, True, "3", 2**31):
         with pytest.raises(BrokerEpochError, match="brokerEpoch must be"):
             restarted.raise_to(bad)  # type: ignore[arg-type]
+
+
+def test_each_master_epoch_promotes_into_a_band_of_its_own() -> None:
+    assert [promotion_floor(e) for e in (1, 2, 3)] == [1 << 16, 2 << 16, 3 << 16]
+    assert promotion_floor(2**15 - 1) == (2**15 - 1) << 16 <= 2**31 - 1  # the last band that fits
+    assert promotion_floor(2**15) == 0 and promotion_floor(0) == 0  # past it only the known epochs count
 
 
 # ---------------------------------------------------------------------------------------------- offset fencing

@@ -368,3 +368,41 @@ def test_an_answer_of_the_dying_master_that_arrives_after_the_kill_is_still_its_
     c2 = write(tmp_path / "c2.jsonl", consumed([0, 1, 2], "A", 10) + moved_back[:1])
     r2 = check([tmp_path / "p.jsonl"], [c2], async_failovers=failover, broker_crashes=crash)
     assert [m["msg_id"] for m in r2.missing] == ["m7"], r2.text()
+
+
+def test_a_tail_message_whose_offset_an_unanswered_send_took_is_no_part_of_the_queue(tmp_path: Path) -> None:
+    """Long ASYNC seed 79: the old master's m3..m5 went with it (kept = 300); the new master gave offset 3 to m6, offset
+    4 to a send it stored but never answered (so the producer has no record of it) and offset 5 to m7. A read m0..m5
+    from the old master before the failover, then the new log from 3. m4, with no acknowledged message at its offset,
+    was judged as the queue's offset 4, read before the acknowledged m6 at 3."""
+    from tests.e2e.checker import AsyncFailover
+    from trimq.protocol.record import message_id
+
+    recs = produced(8)
+    for i, r in enumerate(recs):
+        old = i < 6
+        r["offset_msg_id"] = message_id(("127.0.0.1", 10911 if old else 10921), i * 100 if old else 300 + (i - 6) * 200)
+        r["ack_time"] = 40 if old else 60
+        if not old:
+            r["queue_offset"] = 3 if i == 6 else 5
+    write(tmp_path / "p.jsonl", recs)
+    new_log = [{**c, "queue_offset": o, "msg_id": mid} for c, o, mid in
+               zip(consumed([3, 4, 5], "A", 70), [3, 4, 5], ["m6", "unanswered", "m7"], strict=True)]
+    c = write(tmp_path / "c.jsonl", consumed([0, 1, 2, 3, 4, 5], "A", 10) + new_log)
+    failover = [AsyncFailover("b", 50, 300, "127.0.0.1:10911", 55)]
+    r = check([tmp_path / "p.jsonl"], [c], async_failovers=failover, broker_crashes=[BrokerCrash("b", 50, 55, {Q: 3})])
+    assert r.ok, r.text()
+    assert (r.unsafe_acked, r.unsafe_lost, r.produced, r.consumed_cut) == (3, 2, 5, 3)  # m3..m5 read, then cut
+
+
+def test_a_replay_after_two_broker_crashes_follows_the_lower_floor(tmp_path: Path) -> None:
+    """Long ASYNC seed 76: the broker restarted having persisted 2, then failed over to a promoted slave that had no
+    offset for the queue (its metadata sync had not run yet): the holder replays from 0, as the second allows."""
+    crashes = [BrokerCrash("b", 100, 150, {Q: 2}), BrokerCrash("b", 200, 250, {})]
+    r = run(tmp_path, 6, consumed([0, 1, 2, 3], "A", 10), consumed([0, 1, 2, 3, 4, 5], "A", 300),
+            broker_crashes=crashes)
+    assert r.ok, r.text()
+    assert r.broker_replays == 1
+    r = run(tmp_path, 6, consumed([0, 1, 2, 3], "A", 10), consumed([0, 1, 2, 3, 4, 5], "A", 300),
+            broker_crashes=crashes[:1])
+    assert not r.ok and "below the offset it had persisted (2)" in r.violations[0]  # the first crash alone

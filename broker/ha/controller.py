@@ -359,8 +359,9 @@ class HAController:
     async def _before_follow(self) -> None:
         """After a handshake, before following: remember the master's broker epoch, then clamp the offsets."""
         master = self.client.master
-        if master is not None and master.broker_epoch > self.epoch_store.broker_epoch:
-            # Persisted, so a promotion after this broker restarted (its HelloAck gone) still grants above it.
+        if master is not None:
+            # Persisted (when higher), so a promotion after this broker restarted, its HelloAck gone, still grants
+            # above it.
             await trio.to_thread.run_sync(self.epoch_store.raise_to, master.broker_epoch)
         await self._offsets_before_follow()
 

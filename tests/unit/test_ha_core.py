@@ -64,6 +64,12 @@ def test_malformed_streams_are_refused() -> None:
     buf.feed(encode_transfer_header(0, 2**30))
     with pytest.raises(HAProtocolError):
         buf.next_transfer()
+    # a broker epoch no broker could have (the slave would keep it, and promote above it)
+    for master_epoch, broker_epoch in ((1, -1), (1, 2**31), (-2, 3)):
+        buf = StreamBuffer()
+        buf.feed(encode_hello_ack(HelloAck(master_epoch, broker_epoch, 0, "127.0.0.1:10911", "", ())))
+        with pytest.raises(HAProtocolError, match="hello answer with master epoch"):
+            buf.next_hello_ack()
 
 
 def test_truncation_point() -> None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from trimq.broker.store.epoch import MAX_BROKER_EPOCH
+
 __all__ = [
     "HA_MAGIC",
     "HA_VERSION",
@@ -159,6 +161,10 @@ class StreamBuffer:
         magic, version, master_epoch, broker_epoch, start = _ACK_HEAD.unpack(head)
         head.release()
         _check_magic(magic, version)
+        # A slave keeps the broker epoch (and a promotion goes above it): one no broker could have is refused here
+        if master_epoch < 0 or not 0 <= broker_epoch <= MAX_BROKER_EPOCH:
+            raise HAProtocolError(f"hello answer with master epoch {master_epoch} and broker epoch {broker_epoch} "
+                                  f"(expected >= 0 and 0..{MAX_BROKER_EPOCH})")
         at = _ACK_HEAD.size
         texts = []
         for _ in range(2):

@@ -351,9 +351,10 @@ def check(
     acked_offsets: dict[Queue, list[int]] = defaultdict(list)
     key_seqs: dict[str, list[int]] = defaultdict(list)
     failovers = list(async_failovers)
-    producer_recs = [r for recs in read_records(producer_files) for r in recs if topic is None or r["topic"] == topic]
-    tail_ids = {r["msg_id"] for r in producer_recs if failovers and async_tail(r, failovers)}
-    for r in _safe_records(producer_recs, {c["msg_id"] for recs in consumer_recs for c in recs}, report, failovers):
+    producer_recs = [{**r, "status": "ASYNC_TAIL"} if failovers and async_tail(r, failovers) else r
+                     for recs in read_records(producer_files) for r in recs if topic is None or r["topic"] == topic]
+    tail_ids = {r["msg_id"] for r in producer_recs if r.get("status") == "ASYNC_TAIL"}
+    for r in _safe_records(producer_recs, {c["msg_id"] for recs in consumer_recs for c in recs}, report):
         produced[r["msg_id"]] = r
         acked_offsets[_queue(r)].append(int(r["queue_offset"]))
         key_seqs[r["key"]].append(int(r["seq"]))
@@ -458,13 +459,11 @@ def check(
     return report
 
 
-def _safe_records(recs: list[dict[str, Any]], consumed_ids: set[str], report: Report,
-                  failovers: Sequence[AsyncFailover] = ()) -> list[dict[str, Any]]:
+def _safe_records(recs: list[dict[str, Any]], consumed_ids: set[str], report: Report) -> list[dict[str, Any]]:
     """The producer records to judge: all but the unsafe ones (not SEND_OK) that were lost and those in an ASYNC
-    failover's lost tail (module documentation: their offsets belong to the cut log); a SEND_OK record whose queue
-    offset a later acknowledged message took is a violation (and left out too)."""
-    if failovers:
-        recs = [{**r, "status": "ASYNC_TAIL"} if async_tail(r, failovers) else r for r in recs]
+    failover's lost tail (status ``ASYNC_TAIL``, set by the caller; module documentation: their offsets belong to the
+    cut log); a SEND_OK record whose queue offset a later acknowledged message took is a violation (and left out
+    too)."""
     at: dict[tuple[Queue, int], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         at[(_queue(r), int(r["queue_offset"]))].append(r)
@@ -656,12 +655,9 @@ def _walk_queue(q: Queue, recs: list[dict[str, Any]], acked: list[int], crash_ti
         """(index, floor) of a broker crash that may explain a redelivery at ``t``, None if none: of several, the one
         with the lowest floor (long ASYNC seed 76: a restart that persisted 178, then an ASYNC failover whose promoted
         master had no offset for the queue at all; the replay from 0 follows the second)."""
-        found = [(int(c.persisted.get(q, 0)), -i) for i, c in enumerate(broker_crashes)
+        found = [(i, int(c.persisted.get(q, 0))) for i, c in enumerate(broker_crashes)
                  if i not in crash_used and c.time_ms < t <= max(c.restart_ms, c.time_ms) + broker_replay_window_ms]
-        if not found:
-            return None
-        floor, neg_index = min(found)
-        return -neg_index, floor
+        return min(found, key=lambda f: (f[1], -f[0]), default=None)  # equal floors: the later crash
 
     for r in recs:
         o, c, t = int(r["queue_offset"]), str(r["client_id"]), int(r["consume_time"])

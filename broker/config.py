@@ -205,6 +205,11 @@ class BrokerConfig:
     slave_synchronize_interval_ms: int = setting(10_000, "SLAVE: how often topics, subscription groups, consumer "
                                                  "offsets and delay offsets are fetched from the master (first after "
                                                  "3 s; RocketMQ: 10 s)", min=100, max=3_600_000)
+    slave_offset_sync_interval_ms: int = setting(1_000, "SLAVE: how often consumer offsets alone are merged with "
+                                                 "the master's (both ways) between the full syncs: a promoted slave's "
+                                                 "offsets then trail the dead master's by about this much, not by up "
+                                                 "to a full interval; 0: only with the full sync (RocketMQ)",
+                                                 min=100, max=3_600_000, also=(0,))
 
     def validate(self) -> BrokerConfig:
         """Check every value against its range; raise ConfigError for the first bad one."""

@@ -150,6 +150,7 @@ class HAController:
         self._confirmation_pending = False
         self.sync = SlaveSynchronize(master_addr=self._sync_master_addr, topics=topics, groups=groups, offsets=offsets,
                                      schedule=schedule, interval_ms=config.slave_synchronize_interval_ms,
+                                     offset_interval_ms=config.slave_offset_sync_interval_ms,
                                      merge_offsets=merge_offsets, persist_offsets=self._write_offsets)
         self.promotions = 0
         self.demotions = 0

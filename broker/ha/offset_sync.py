@@ -8,7 +8,8 @@ those commits when the master returns (the slave overwrites its table with the m
 * then it hands the master the offsets it changed itself that are still newer (MERGE_CONSUMER_OFFSET, 9011,
   body as GET_ALL_CONSUMER_OFFSET's), which the master merges by the same rule — so a consumer that starts or
   rebalances after the master's return reads the offset committed on the slave;
-* the slave syncs the moment it (re)connects to its master, not only every ``slave_synchronize_interval_ms``.
+* the slave syncs the moment it (re)connects to its master, not only every ``slave_synchronize_interval_ms``, and
+  merges the offsets alone every ``slave_offset_sync_interval_ms`` (1 s) in between.
 
 :class:`OffsetMergeService` is the master's side: the MERGE_CONSUMER_OFFSET handler.
 """

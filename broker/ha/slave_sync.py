@@ -8,10 +8,15 @@ version differs; delay offsets are overwritten. Consumer offsets go through ``me
 overwrites the slave's (:func:`overwrite_offsets`), which loses what consumers committed to the slave while the
 master was away; the HA issue's part 2 merges by commit version instead (docs/PROTOCOL.md "Replication
 stream").
+
+Between two full syncs the slave merges the consumer offsets alone every ``slave_offset_sync_interval_ms`` (1 s;
+0 turns it off, as in RocketMQ): a master killed 9 s after a sync would leave its slave, read from or promoted, with
+offsets 9 s old, and every queue that changed hands after the failover would be replayed from there.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -108,7 +113,7 @@ class SlaveSynchronize:
 
     def __init__(self, *, master_addr: Callable[[], str], topics: SyncedTopics, groups: SyncedGroups,
                  offsets: SyncedOffsets, schedule: SyncedDelayOffsets | None, interval_ms: int = 10_000,
-                 merge_offsets: OffsetMerge = overwrite_offsets,
+                 offset_interval_ms: int = 0, merge_offsets: OffsetMerge = overwrite_offsets,
                  persist_offsets: Callable[[], Awaitable[object]] | None = None) -> None:
         self.master_addr = master_addr
         self.topics = topics
@@ -116,6 +121,8 @@ class SlaveSynchronize:
         self.offsets = offsets
         self.schedule = schedule
         self.interval_s = interval_ms / 1000
+        #: Consumer offsets alone between the full syncs (0: not).
+        self.offset_interval_s = offset_interval_ms / 1000
         self.merge_offsets = merge_offsets
         #: Writes the offsets to disk now (the broker's offset writer, through the HA controller).
         self.persist_offsets = persist_offsets
@@ -124,17 +131,28 @@ class SlaveSynchronize:
         self.pushed_offsets = 0  # queues handed to the master (MERGE_CONSUMER_OFFSET)
         self._wakeup = trio.Event()
         self.syncs = 0  # completed rounds (tests, metrics)
+        self.offset_syncs = 0  # completed offset-only rounds between them
         self.last_sync_time = 0.0  # trio clock of the last completed round
         self._errors = RateLimiter(60_000)
 
     async def run(self, rc: RemotingClient) -> None:
-        """Sync 3 s after the start, then every ``interval_ms``, until cancelled."""
+        """Sync 3 s after the start, then every ``interval_ms`` and at every :meth:`wake`, until cancelled; in
+        between, the consumer offsets alone every ``offset_interval_ms``."""
         with trio.move_on_after(FIRST_SYNC_DELAY_S):
             await self._wakeup.wait()
+        next_full = trio.current_time()
         while True:
-            self._wakeup = trio.Event()
-            await self.sync_all(rc)
-            with trio.move_on_after(self.interval_s):
+            woken = self._wakeup.is_set()
+            self._wakeup = trio.Event()  # a wake() during the round below starts the next one at once
+            if woken or trio.current_time() >= next_full:
+                await self.sync_all(rc)
+                next_full = trio.current_time() + self.interval_s
+            else:
+                await self.sync_offsets(rc)
+            wait = next_full - trio.current_time()
+            if self.offset_interval_s:
+                wait = min(wait, self.offset_interval_s)
+            with trio.move_on_after(wait):
                 await self._wakeup.wait()
 
     def wake(self) -> None:
@@ -143,20 +161,31 @@ class SlaveSynchronize:
 
     async def sync_all(self, rc: RemotingClient) -> bool:
         """One round; False when the master is unknown or a request failed (logged, rate-limited)."""
+        if not await self._round(rc, self._sync_topics, self._sync_offsets, self._sync_delay_offsets,
+                                 self._sync_groups):
+            return False
+        self.syncs += 1
+        self.last_sync_time = trio.current_time()
+        return True
+
+    async def sync_offsets(self, rc: RemotingClient) -> bool:
+        """The consumer offsets alone (merged both ways, as in :meth:`sync_all`); False as there."""
+        if not await self._round(rc, functools.partial(self._sync_offsets, quiet=True)):
+            return False
+        self.offset_syncs += 1
+        return True
+
+    async def _round(self, rc: RemotingClient, *steps: Callable[[RemotingClient, str], Awaitable[None]]) -> bool:
         addr = self.master_addr()
         if not addr:
             return False
         try:
-            await self._sync_topics(rc, addr)
-            await self._sync_offsets(rc, addr)
-            await self._sync_delay_offsets(rc, addr)
-            await self._sync_groups(rc, addr)
+            for step in steps:
+                await step(rc, addr)
         except (RemotingError, ValueError, TypeError, KeyError) as exc:
             log_rate_limited(self._errors, addr, int(trio.current_time() * 1000), log.warning,
                              "ha.slave_sync_failed", master=addr, error=str(exc) or type(exc).__name__)
             return False
-        self.syncs += 1
-        self.last_sync_time = trio.current_time()
         return True
 
     async def _fetch(self, rc: RemotingClient, addr: str, code: RequestCode) -> dict[str, Any]:
@@ -186,11 +215,12 @@ class SlaveSynchronize:
             self.topics.data_version = dict(version)
         log.info("ha.topics_synced", master=addr, topics=len(wanted))
 
-    async def _sync_offsets(self, rc: RemotingClient, addr: str) -> None:
+    async def _sync_offsets(self, rc: RemotingClient, addr: str, *, quiet: bool = False) -> None:
+        """``quiet``: the offset-only round, which finds changes every second on a busy slave (logged at debug)."""
         body = await self._fetch(rc, addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
         changed = self.merge_offsets(self.offsets, body)
         if changed:
-            log.info("ha.offsets_synced", master=addr, changed=changed)
+            (log.debug if quiet else log.info)("ha.offsets_synced", master=addr, changed=changed)
             # Written now, not at the next periodic write: a slave killed in between restarted on its older table,
             # and once promoted served offsets below what it had synced; the old master, back as its slave, then
             # handed over a commit of a newer grant below them and the queue went back (long ASYNC seed 18).

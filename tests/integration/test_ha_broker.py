@@ -104,6 +104,32 @@ async def test_slave_replicates_serves_pulls_refuses_sends_and_syncs_metadata(
         assert cfg is not None and cfg.write_queue_nums == 4
 
 
+async def test_between_full_syncs_a_slave_merges_the_consumer_offsets_alone(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    # 100 ms: the smallest offset interval; the full syncs stay 10 s apart (the first came with the handshake)
+    async with broker_factory() as master, broker_factory(**slave_settings(master),
+                                                          slave_offset_sync_interval_ms=100) as slave:
+        assert (await send(rclient, master.address, "Orders", 1, b"m")).code == ResponseCode.SUCCESS
+        await caught_up(master, slave)
+        with trio.fail_after(10):
+            while slave.ha_controller.sync.syncs == 0:
+                await trio.sleep(0.01)
+        r = await call(rclient, master.address, RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                       body={"groupName": "cg", "retryMaxTimes": 5})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
+                       {"consumerGroup": "cg", "topic": "Orders", "queueId": 1, "commitOffset": 1})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        with trio.fail_after(5):  # no call: the slave's own schedule brings it (a round ends after its write)
+            sync = slave.ha_controller.sync
+            while slave.offset_manager.query_offset("cg", "Orders", 1) != 1 or not sync.offset_syncs:
+                await trio.sleep(0.01)
+        on_disk = json.loads(Path(slave.offset_manager.path).read_text())
+        assert on_disk["offsetTable"]["Orders@cg"]["1"] == 1
+        # the group table waits for the next full sync
+        assert slave.ha_controller.sync.syncs == 1 and slave.subscription_group_manager.get("cg") is None
+
+
 async def silent_slave(master: Broker) -> trio.SocketStream:
     """A connection to the master's HA port that completes the handshake and then never reports an offset."""
     host, port = parse_address(master.ha_controller.ha_server_addr)

@@ -5,6 +5,7 @@ missing slave) on trio's MockClock."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import trio
@@ -12,6 +13,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trimq.broker.config import BrokerConfig
+from trimq.broker.ha.slave_sync import SlaveSynchronize
 from trimq.broker.store.ha.codec import (
     HAProtocolError,
     Hello,
@@ -26,6 +29,7 @@ from trimq.broker.store.ha.history import HAState, truncation_point
 from trimq.broker.store.ha.master import HAConnection, HAService
 from trimq.broker.store.read import ReadGate
 from trimq.broker.store.store_base import PutMessageStatus
+from trimq.runtime.settings import ConfigError
 
 
 def test_wire_bytes_are_the_documented_ones() -> None:
@@ -175,3 +179,50 @@ def test_the_lost_tail_boundary_of_a_position_from_an_older_epoch() -> None:
     assert state.lost_tail_boundary(4, 99, at) is None  # the newest: nothing lost
     assert state.lost_tail_boundary(5, 99, at) is None
     assert state.lost_tail_boundary(-1, 99, at) is None  # not said
+
+
+class _RecordedSync(SlaveSynchronize):
+    """The slave's sync schedule alone: each round records its time instead of asking a master."""
+
+    def __init__(self, **intervals: int) -> None:
+        nothing: Any = None
+        super().__init__(master_addr=lambda: "127.0.0.1:10911", topics=nothing, groups=nothing, offsets=nothing,
+                         schedule=None, **intervals)
+        self.rounds: list[tuple[str, float]] = []
+
+    async def sync_all(self, rc: Any) -> bool:
+        self.rounds.append(("all", trio.current_time()))
+        return True
+
+    async def sync_offsets(self, rc: Any) -> bool:
+        self.rounds.append(("offsets", trio.current_time()))
+        return True
+
+
+async def _schedule(sync: _RecordedSync) -> list[tuple[str, float]]:
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sync.run, None)
+        await trio.sleep(15.5)
+        sync.wake()  # a handshake: everything at once
+        await trio.sleep(0.25)
+        nursery.cancel_scope.cancel()
+    return [(kind, round(t - t0, 6)) for kind, t in sync.rounds]
+
+
+async def test_a_slave_merges_offsets_every_second_between_its_full_syncs(autojump_clock: trio.abc.Clock) -> None:
+    rounds = await _schedule(_RecordedSync(interval_ms=10_000, offset_interval_ms=1_000))
+    assert rounds == ([("all", 3.0)] + [("offsets", float(t)) for t in range(4, 13)] + [("all", 13.0)]
+                      + [("offsets", 14.0), ("offsets", 15.0), ("all", 15.5)])
+
+
+async def test_without_the_offset_interval_a_slave_syncs_as_rocketmq_does(autojump_clock: trio.abc.Clock) -> None:
+    rounds = await _schedule(_RecordedSync(interval_ms=10_000, offset_interval_ms=0))
+    assert rounds == [("all", 3.0), ("all", 13.0), ("all", 15.5)]
+
+
+def test_the_offset_interval_is_zero_or_at_least_100_ms() -> None:
+    assert BrokerConfig(slave_offset_sync_interval_ms=0).validate().slave_offset_sync_interval_ms == 0
+    assert BrokerConfig(slave_offset_sync_interval_ms=100).validate().slave_offset_sync_interval_ms == 100
+    with pytest.raises(ConfigError, match="slave_offset_sync_interval_ms"):
+        BrokerConfig(slave_offset_sync_interval_ms=50).validate()

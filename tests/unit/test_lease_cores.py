@@ -10,6 +10,7 @@ real broker are in tests/integration/test_leases.py (this file: the cores).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,35 @@ def test_a_slave_keeps_its_masters_broker_epoch_and_promotes_above_it(tmp_path: 
     for bad in (-1, True, "3", 2**31):
         with pytest.raises(BrokerEpochError, match="brokerEpoch must be"):
             restarted.raise_to(bad)  # type: ignore[arg-type]
+
+
+def test_handshakes_and_promotions_racing_in_threads_never_leave_the_file_below_the_epoch(tmp_path: Path) -> None:
+    # raise_to runs in a thread at every handshake and bump in another at a promotion: each changes the epoch and
+    # writes the file, and the write (fsync, rename) lets the other thread in between
+    path = epoch_file_path(str(tmp_path))
+    store = BrokerEpochStore(path)
+    store.begin(2_400)
+    bumped: list[int] = []
+    start = threading.Barrier(4)
+
+    def promotions() -> None:
+        start.wait()
+        for _ in range(40):
+            bumped.append(store.bump())
+
+    def handshakes(offset: int) -> None:
+        start.wait()
+        for i in range(40):
+            store.raise_to(2 * i + offset)
+
+    threads = [threading.Thread(target=promotions), threading.Thread(target=promotions),
+               threading.Thread(target=handshakes, args=(0,)), threading.Thread(target=handshakes, args=(1,))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(bumped)) == len(bumped) == 80  # no promotion reused an epoch
+    assert json.loads(Path(path).read_text())["brokerEpoch"] == store.broker_epoch >= max(bumped)
 
 
 def test_each_master_epoch_promotes_into_a_band_of_its_own() -> None:

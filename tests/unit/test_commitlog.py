@@ -553,3 +553,29 @@ def test_atomic_json_files(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ValueError, match=r"x\.json"):
         read_json(path)
+
+
+def test_threads_replacing_the_same_json_file_at_once_each_write_a_whole_file(tmp_path: Path) -> None:
+    import threading
+
+    from trimq.broker.store.atomic import read_json, write_json_atomic
+
+    path = tmp_path / "config" / "x.json"
+    failures: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(30):
+                write_json_atomic(path, {"writer": n, "i": i, "pad": "x" * 4096 * n})
+        except BaseException as exc:  # (a thread's exception would otherwise only be printed)
+            failures.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    last = read_json(path)
+    assert last["i"] == 29 and last["pad"] == "x" * 4096 * last["writer"]
+    assert [p.name for p in path.parent.iterdir()] == ["x.json"]

@@ -68,6 +68,7 @@ lint: $(STAMP)
 	for layer in $(LAYERS); do ln -s ../../../$$layer $(TYPECHECK)/$$layer; done
 	cd build/typecheck && $(abspath $(BIN))/lint-imports --config $(abspath pyproject.toml)
 	$(BIN)/mypy
+	$(BIN)/mypy --explicit-package-bases --namespace-packages --follow-imports=silent tests
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import trio
 
@@ -252,7 +252,7 @@ class ConsumerCore:
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> ConsumerCore:
+    async def __aenter__(self) -> Self:
         if self._running:
             raise MQClientError("this consumer is already running")
         if not self.instance.running:

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 import trio
 
@@ -306,7 +306,7 @@ class ClientInstance:
             n += 1
         return build_client_id(self.client_ip, str(n))
 
-    async def __aenter__(self) -> ClientInstance:
+    async def __aenter__(self) -> Self:
         if self._running:
             raise MQClientError("this ClientInstance is already running")
         self._client_id = self._claim_client_id()

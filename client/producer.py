@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import trio
 
@@ -240,7 +240,7 @@ class Producer:
         """The producer group (``config.producer_group``)."""
         return self.config.producer_group
 
-    async def __aenter__(self) -> Producer:
+    async def __aenter__(self) -> Self:
         stack = AsyncExitStack()
         try:
             if self._given_instance is None:

@@ -47,7 +47,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, Self, TypeVar, overload
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -422,7 +422,7 @@ class PushConsumer:
             raise ClientClosedError("the consumer has not been started")
         return self.instance.client_id
 
-    async def __aenter__(self) -> PushConsumer:
+    async def __aenter__(self) -> Self:
         if self._started:
             raise MQClientError("a PushConsumer can be started once; create a new one")
         if self._listener is None:

@@ -14,6 +14,7 @@ import itertools
 import ssl
 from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import Self
 
 import trio
 
@@ -212,7 +213,7 @@ class RemotingClient:
         self._close_listeners: list[Callable[[str], None]] = []
         self._open_listeners: list[Callable[[str], None]] = []
 
-    async def __aenter__(self) -> RemotingClient:
+    async def __aenter__(self) -> Self:
         self._nursery_manager = trio.open_nursery()
         self._nursery = await self._nursery_manager.__aenter__()
         return self

@@ -316,11 +316,11 @@ def test_an_async_failover_may_lose_the_tail_past_what_the_slave_had_and_nothing
     from trimq.protocol.record import message_id
 
     recs = produced(8)
-    for i, r in enumerate(recs):
-        r["offset_msg_id"] = message_id(("127.0.0.1", 10911), i * 100 if i < 6 else 300 + (i - 6) * 100)
-        r["ack_time"] = 40 if i < 6 else 60
+    for i, rec in enumerate(recs):
+        rec["offset_msg_id"] = message_id(("127.0.0.1", 10911), i * 100 if i < 6 else 300 + (i - 6) * 100)
+        rec["ack_time"] = 40 if i < 6 else 60
         if i >= 6:
-            r["queue_offset"] = i - 3
+            rec["queue_offset"] = i - 3
     write(tmp_path / "p.jsonl", recs)
     moved_back = [{**c, "queue_offset": o - 3 if o >= 6 else o} for c, o in
                   zip(consumed([6, 7], "A", 70), [6, 7], strict=True)]
@@ -346,13 +346,13 @@ def test_an_answer_of_the_dying_master_that_arrives_after_the_kill_is_still_its_
     from trimq.protocol.record import message_id
 
     recs = produced(8)
-    for i, r in enumerate(recs):
+    for i, rec in enumerate(recs):
         old = i < 6
-        r["offset_msg_id"] = message_id(("127.0.0.1", 10911 if old else 10921),
-                                        i * 100 if old else 300 + (i - 6) * 100)
-        r["ack_time"] = (40 if i < 5 else 52) if old else 60
+        rec["offset_msg_id"] = message_id(("127.0.0.1", 10911 if old else 10921),
+                                          i * 100 if old else 300 + (i - 6) * 100)
+        rec["ack_time"] = (40 if i < 5 else 52) if old else 60
         if not old:
-            r["queue_offset"] = i - 3
+            rec["queue_offset"] = i - 3
     write(tmp_path / "p.jsonl", recs)
     moved_back = [{**c, "queue_offset": o - 3} for c, o in zip(consumed([6, 7], "A", 70), [6, 7], strict=True)]
     c = write(tmp_path / "c.jsonl", consumed([0, 1, 2], "A", 10) + moved_back)
@@ -379,12 +379,13 @@ def test_a_tail_message_whose_offset_an_unanswered_send_took_is_no_part_of_the_q
     from trimq.protocol.record import message_id
 
     recs = produced(8)
-    for i, r in enumerate(recs):
+    for i, rec in enumerate(recs):
         old = i < 6
-        r["offset_msg_id"] = message_id(("127.0.0.1", 10911 if old else 10921), i * 100 if old else 300 + (i - 6) * 200)
-        r["ack_time"] = 40 if old else 60
+        rec["offset_msg_id"] = message_id(("127.0.0.1", 10911 if old else 10921),
+                                          i * 100 if old else 300 + (i - 6) * 200)
+        rec["ack_time"] = 40 if old else 60
         if not old:
-            r["queue_offset"] = 3 if i == 6 else 5
+            rec["queue_offset"] = 3 if i == 6 else 5
     write(tmp_path / "p.jsonl", recs)
     new_log = [{**c, "queue_offset": o, "msg_id": mid} for c, o, mid in
                zip(consumed([3, 4, 5], "A", 70), [3, 4, 5], ["m6", "unanswered", "m7"], strict=True)]

@@ -82,6 +82,7 @@ async def test_unsigned_and_badly_signed_requests_are_refused(tmp_path: Path) ->
         assert (await call(anon, broker, info)).code == ResponseCode.NO_PERMISSION
         ok = await call(app, broker, info)
         assert ok.ok and ok.body["brokerName"] == "broker-a"
+        assert broker.acl is not None
         assert broker.acl.denied == 3 and broker.acl.accepted == 1
 
 

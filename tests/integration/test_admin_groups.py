@@ -78,8 +78,8 @@ async def test_list_delete_groups_and_topics() -> None:
 
         deleted = await admin.consumer_delete("ag_offline")
         assert deleted.offsets_removed and deleted.members == []
-        groups = {g.consumer_group for g in (await admin.consumer_list()).groups}
-        assert "ag_offline" not in groups
+        group_names = {g.consumer_group for g in (await admin.consumer_list()).groups}
+        assert "ag_offline" not in group_names
         left = await admin.consumer_progress("ag_offline", T)
         assert {q.consumer_offset for q in left.queues} == {-1}  # its offsets went with it
 

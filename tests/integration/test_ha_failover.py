@@ -327,7 +327,8 @@ async def test_a_restarted_master_takes_no_send_before_a_name_server_says_it_was
         await until(lambda: forgetful.routes.master_of("broker-a")[0] == a.address, "the forgetful one answered")
         await trio.sleep(0.1)  # its answer reached the broker
         r = await send(rclient, a.address, "T", 0, b"would-be-cut")
-        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and "not yet confirmed by a name server" in r.remark, r
+        assert (r.code == ResponseCode.SERVICE_NOT_AVAILABLE and r.remark is not None
+                and "not yet confirmed by a name server" in r.remark), r
         assert relay.address in r.remark and a.ha_controller.role == "ASYNC_MASTER"
         relay.heal()
         await until(lambda: a.ha_controller.role == "SLAVE", "the old master demoted by the name server's answer")
@@ -358,7 +359,11 @@ async def test_a_restarted_master_confirmed_by_its_name_server_takes_sends_and_c
         for confirm in (True, False):
             a, stop, stopped = await restart(confirm)
             assert (await send(rclient, a.address, "T", 0, b"first")).code == ResponseCode.SUCCESS
-            await until(lambda a=a: a.register_service.registrations >= 1, "registered")
+
+            def registered(a: Broker = a) -> bool:
+                return a.register_service.registrations >= 1
+
+            await until(registered, "registered")
             stop.set()
             await stopped.wait()
             relay.blackhole()  # the next start gets no answer until healed
@@ -366,7 +371,11 @@ async def test_a_restarted_master_confirmed_by_its_name_server_takes_sends_and_c
             r = await send(rclient, a.address, "T", 0, b"while-unconfirmed")
             assert r.code == (ResponseCode.SERVICE_NOT_AVAILABLE if confirm else ResponseCode.SUCCESS), r.remark
             relay.heal()
-            await until(lambda a=a: a.store.writable, "confirmed by the name server's answer")
+
+            def confirmed(a: Broker = a) -> bool:
+                return a.store.writable
+
+            await until(confirmed, "confirmed by the name server's answer")
             assert (await send(rclient, a.address, "T", 0, b"confirmed")).code == ResponseCode.SUCCESS
             assert a.ha_controller.role == "ASYNC_MASTER"
             stop.set()

@@ -176,8 +176,8 @@ async def test_send_batches_pipelines_batches_in_order(broker_factory: Callable[
                 assert len(r.msg_id.split(",")) == len(msgs)
             pull = {"consumerGroup": "g", "topic": "Pipe", "queueId": mqs[0].queue_id,
                     "queueOffset": results[0].queue_offset, "maxMsgNums": 32, "sysFlag": 0, "subscription": "*"}
-            r = await rc.invoke(b.address, RemotingCommand.request(RequestCode.PULL_MESSAGE, pull))
-            assert [m.body for m in iter_records(r.body)] == [b"0-0", b"0-1", b"0-2", b"again"]
+            resp = await rc.invoke(b.address, RemotingCommand.request(RequestCode.PULL_MESSAGE, pull))
+            assert [m.body for m in iter_records(resp.body)] == [b"0-0", b"0-1", b"0-2", b"again"]
             # a failing batch fails the call, after the others completed
             bad = MessageQueue("Pipe", mqs[0].broker_name, 99)
             try:

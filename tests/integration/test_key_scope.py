@@ -195,7 +195,10 @@ async def test_cli_producer_sharding_key(broker_factory: Any) -> None:
         for mq in mqs:
             q = mq.queue_id
             for off in range(store.get_min_offset_in_queue(T, q), store.get_max_offset_in_queue(T, q)):
-                unit = store.find_consume_queue(T, mq.queue_id).get_unit(off)
+                cq = store.find_consume_queue(T, mq.queue_id)
+                assert cq is not None
+                unit = cq.get_unit(off)
+                assert unit is not None
                 m = store.lookup_message_by_offset(unit[0])
                 assert m is not None
                 key = m.properties[MessageConst.SHARDING_KEY]

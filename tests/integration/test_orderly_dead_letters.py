@@ -81,7 +81,10 @@ def stored_messages(broker: Broker, topic: str, queue_id: int = 0) -> list[Messa
     store = broker.store
     out = []
     for off in range(store.get_min_offset_in_queue(topic, queue_id), store.get_max_offset_in_queue(topic, queue_id)):
-        unit = store.find_consume_queue(topic, queue_id).get_unit(off)
+        cq = store.find_consume_queue(topic, queue_id)
+        assert cq is not None
+        unit = cq.get_unit(off)
+        assert unit is not None
         msg = store.lookup_message_by_offset(unit[0])
         assert msg is not None
         out.append(msg)

@@ -24,9 +24,9 @@ async def test_query_by_key_across_brokers() -> None:
         sent = {}
         async with Producer(cluster.producer_config("q_p")) as producer:
             for i in range(8):  # round robin over the four queues of the two brokers
-                r = await producer.send(Message("QOrders", b"o%d" % i, keys=["order-1" if i % 2 else "order-2",
-                                                                             f"n{i}"]))
-                sent[i] = r
+                result = await producer.send(Message("QOrders", b"o%d" % i, keys=["order-1" if i % 2 else "order-2",
+                                                                                  f"n{i}"]))
+                sent[i] = result
             await producer.send(Message("QOther", b"x", keys="order-1"))
             await producer.send(Message("QOrders", b"Aa", keys="Aa"))  # the hash of "Aa" equals that of "BB"
 

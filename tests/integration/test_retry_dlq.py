@@ -99,7 +99,9 @@ def queue_messages(broker: Broker, topic: str, queue_id: int) -> list[MessageExt
     out = []
     for off in range(store.get_min_offset_in_queue(topic, queue_id), store.get_max_offset_in_queue(topic, queue_id)):
         cq = store.find_consume_queue(topic, queue_id)
+        assert cq is not None
         unit = cq.get_unit(off)
+        assert unit is not None
         msg = store.lookup_message_by_offset(unit[0])
         assert msg is not None
         out.append(msg)
@@ -152,7 +154,9 @@ async def test_sent_back_message_is_redelivered_n_times_then_dead_lettered_at_on
         assert len(queue_messages(broker, SCHEDULE_TOPIC, 2)) == 3
         assert len(queue_messages(broker, RETRY, 0)) == 3
         topics = broker.topic_config_manager
-        assert topics.get(RETRY).write_queue_nums == 1 and topics.get(DLQ).write_queue_nums == 1
+        retry_cfg, dlq_cfg = topics.get(RETRY), topics.get(DLQ)
+        assert retry_cfg is not None and dlq_cfg is not None
+        assert retry_cfg.write_queue_nums == 1 and dlq_cfg.write_queue_nums == 1
 
         # --- the DLQ admin requests
         resp = await call(rc, addr, RequestCode.QUERY_DLQ_MESSAGES, {"consumerGroup": G})

@@ -200,6 +200,7 @@ async def test_sdk_producer_and_consumer_use_tls_and_acl_from_client_config(tmp_
                 with trio.fail_after(20):
                     await done.wait()
         assert sorted(got) == [b"m0", b"m1", b"m2"]
+        assert broker.acl is not None
         assert broker.acl.denied == 0
 
 

@@ -49,9 +49,9 @@ async def test_cancelled_scope_shuts_down_cleanly_and_handlers_retry_in_order(tr
         events.append(("revoked", len(queues)))
 
     async with Producer(trimq_broker.producer_config()) as producer:
-        for key in ("a", "b"):
+        for shard in ("a", "b"):
             for i in range(5):
-                await producer.send(Message("TrioOrders", f"{key}:{i}".encode()), sharding_key=key)
+                await producer.send(Message("TrioOrders", f"{shard}:{i}".encode()), sharding_key=shard)
     with trio.move_on_after(20) as scope:
         async with consumer:
             while len(handled) < 10:

@@ -6,9 +6,12 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 PLANTED_EXAMPLES = 5
 
@@ -19,7 +22,7 @@ def _java_available() -> bool:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark() -> Iterator[SparkSession]:
     """local[2], UI off, quiet, loopback only, temp dirs outside the cwd, with the settings for tiny stores
     and short-lived JVMs (small_spark.SMALL_STORE_CONF, which says why)."""
     if not _java_available():
@@ -45,7 +48,7 @@ class PlantedAudit(NamedTuple):
 
 
 @pytest.fixture(scope="session")
-def planted_audit(spark: object, tmp_path_factory: pytest.TempPathFactory) -> PlantedAudit:
+def planted_audit(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> PlantedAudit:
     """Shared by the test of the planted findings and the cluster test (which compares its run with this
     one): one local audit of the store instead of two."""
     from audit_stores import SPLIT_SIZE, build_planted_store

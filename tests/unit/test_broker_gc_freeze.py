@@ -14,7 +14,7 @@ from trimq.tools import broker as broker_cli
 class FakeBroker:
     def __init__(self) -> None:
         self.started = trio.Event()
-        self.frozen_before_start = None
+        self.frozen_before_start: bool | None = None
 
     async def run(self) -> None:
         await trio.sleep(1)

@@ -4,7 +4,7 @@ can be tested without a store, a server or a broker; a missing collaborator is a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -58,6 +58,9 @@ class FakeStore:
 
     def get_earliest_msg_store_time(self, topic: str, queue_id: int) -> int | None:
         return None
+
+    def queue_offset_at(self, topic: str, queue_id: int, commit_log_offset: int) -> int:
+        return 0
 
     def read_record(self, commit_log_offset: int) -> bytes | None:
         return None
@@ -150,5 +153,5 @@ async def test_subscription_group_admin_persists_before_answering() -> None:
 
 def test_a_missing_collaborator_is_a_type_error_at_construction() -> None:
     with pytest.raises(TypeError, match="groups"):
-        SendService(config=BrokerConfig(), registry=FakeRegistry(), store=FakeStore(),  # type: ignore[call-arg]
-                    topics=FakeTopics())
+        SendService(config=BrokerConfig(), registry=FakeRegistry(),  # type: ignore[call-arg]
+                    store=cast(Any, FakeStore()), topics=FakeTopics())

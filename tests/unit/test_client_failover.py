@@ -125,7 +125,11 @@ async def test_a_failing_connection_listener_is_logged_and_the_others_still_run(
         async with RemotingClient() as client:
             for add, kind in ((client.add_open_listener, "open"), (client.add_close_listener, "close")):
                 add(broken)
-                add(lambda a, kind=kind: seen.append((kind, a)))
+
+                def record(a: str, kind: str = kind) -> None:
+                    seen.append((kind, a))
+
+                add(record)
             with structlog.testing.capture_logs() as logs:
                 await client._channel(addr)
                 client.close_address(addr)

@@ -184,10 +184,10 @@ def test_the_lost_tail_boundary_of_a_position_from_an_older_epoch() -> None:
 class _RecordedSync(SlaveSynchronize):
     """The slave's sync schedule alone: each round records its time instead of asking a master."""
 
-    def __init__(self, **intervals: int) -> None:
+    def __init__(self, *, interval_ms: int, offset_interval_ms: int) -> None:
         nothing: Any = None
         super().__init__(master_addr=lambda: "127.0.0.1:10911", topics=nothing, groups=nothing, offsets=nothing,
-                         schedule=None, **intervals)
+                         schedule=None, interval_ms=interval_ms, offset_interval_ms=offset_interval_ms)
         self.rounds: list[tuple[str, float]] = []
 
     async def sync_all(self, rc: Any) -> bool:
@@ -201,8 +201,9 @@ class _RecordedSync(SlaveSynchronize):
 
 async def _schedule(sync: _RecordedSync) -> list[tuple[str, float]]:
     t0 = trio.current_time()
+    no_client: Any = None  # the recorded rounds never ask a master
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(sync.run, None)
+        nursery.start_soon(sync.run, no_client)
         await trio.sleep(15.5)
         sync.wake()  # a handshake: everything at once
         await trio.sleep(0.25)

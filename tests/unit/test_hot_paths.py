@@ -22,7 +22,7 @@ from trimq.protocol.record import RecordDecoder, decode_records, encode_record, 
 
 hosts = st.sampled_from([("127.0.0.1", 10911), ("10.1.2.3", 5), ("::1", 7), ("fe80::1", 65535), ("0.0.0.0", 0)])
 props = st.dictionaries(st.sampled_from(["UNIQ_KEY", "TAGS", "KEYS", "MIN_OFFSET", "é"]),
-                        st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                        st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]),
                                 max_size=20), max_size=4)
 
 

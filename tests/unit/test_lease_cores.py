@@ -53,6 +53,11 @@ class StubConn:
         self.closed = False
 
 
+def stub_conn(remote: str = "127.0.0.1:40000") -> Any:
+    """A StubConn where the manager takes a Connection (it reads only these attributes)."""
+    return StubConn(remote)
+
+
 def heartbeat(client_id: str, *, orderly: bool) -> Any:
     return parse_heartbeat({"clientID": client_id, "consumerDataSet": [{
         "groupName": G, "consumeOrderly": orderly, "subscriptionDataSet": [{"topic": T, "subString": "*"}]}]})
@@ -65,7 +70,7 @@ def test_orderly_members_leave_with_their_lease_and_renewals_keep_them() -> None
     clock = Clock()
     cm = ConsumerManager(now_ms=clock, lease_expiry_ms=2_400, disconnect_grace_ms=300)
     for cid, orderly in (("paused", True), ("renewing", True), ("concurrent", False)):
-        cm.heartbeat(StubConn(), heartbeat(cid, orderly=orderly))
+        cm.heartbeat(stub_conn(), heartbeat(cid, orderly=orderly))
     cm.take_dirty_groups()
     conn = cm.find_channel(G, "renewing")
     assert conn is not None
@@ -80,8 +85,8 @@ def test_orderly_members_leave_with_their_lease_and_renewals_keep_them() -> None
     cm.touch(G, "renewing", conn)
     assert cm.scan_leases() == []  # a non-orderly member heartbeats every 30 s: RocketMQ's 120 s rule for it
     assert cm.get_consumer_ids(G) == ["concurrent", "renewing"]
-    assert not cm.touch(G, "paused", StubConn())  # a renewal does not make a member: its next heartbeat does
-    cm.heartbeat(StubConn(), heartbeat("paused", orderly=True))
+    assert not cm.touch(G, "paused", stub_conn())  # a renewal does not make a member: its next heartbeat does
+    cm.heartbeat(stub_conn(), heartbeat("paused", orderly=True))
     assert cm.get_consumer_ids(G) == ["concurrent", "paused", "renewing"]
     assert cm.stats["lease_expired"] == 1
 
@@ -89,7 +94,7 @@ def test_orderly_members_leave_with_their_lease_and_renewals_keep_them() -> None
 def test_a_closed_orderly_members_membership_waits_out_the_grace_and_a_reconnect_keeps_it() -> None:
     clock = Clock()
     cm = ConsumerManager(now_ms=clock, lease_expiry_ms=2_400, disconnect_grace_ms=300)
-    old_a, old_b, conc = StubConn("a:1"), StubConn("b:1"), StubConn("c:1")
+    old_a, old_b, conc = stub_conn("a:1"), stub_conn("b:1"), stub_conn("c:1")
     cm.heartbeat(old_a, heartbeat("a", orderly=True))
     cm.heartbeat(old_b, heartbeat("b", orderly=True))
     cm.heartbeat(conc, heartbeat("c", orderly=False))
@@ -99,7 +104,7 @@ def test_a_closed_orderly_members_membership_waits_out_the_grace_and_a_reconnect
         assert cm.connection_closed(conn) == ([(G, "c")] if conn is conc else [])  # non-orderly: at once
     assert cm.get_consumer_ids(G) == ["a", "b"]
     clock.now += 200
-    new_b = StubConn("b:2")
+    new_b = stub_conn("b:2")
     assert cm.touch(G, "b", new_b)  # b reconnected and renewed within the grace
     assert cm.find_channel(G, "b") is new_b and not cm.has_open_connection("a")
     assert cm.has_open_connection("b", other_than=old_b)
@@ -115,7 +120,7 @@ def test_a_closed_orderly_members_membership_waits_out_the_grace_and_a_reconnect
 def test_without_lease_rules_membership_is_rocketmqs() -> None:
     clock = Clock()
     cm = ConsumerManager(now_ms=clock)  # the rocketmq lock profile
-    conn = StubConn()
+    conn = stub_conn()
     cm.heartbeat(conn, heartbeat("a", orderly=True))
     clock.now += 60_000
     assert cm.scan_leases() == []
@@ -384,6 +389,6 @@ def test_broadcasting_orderly_members_keep_rocketmqs_membership_rules() -> None:
     body = {"clientID": "b", "consumerDataSet": [{
         "groupName": G, "consumeOrderly": True, "messageModel": "BROADCASTING",
         "subscriptionDataSet": [{"topic": T, "subString": "*"}]}]}
-    cm.heartbeat(StubConn(), parse_heartbeat(body))
+    cm.heartbeat(stub_conn(), parse_heartbeat(body))
     clock.now += 60_000
     assert cm.scan_leases() == [] and cm.get_consumer_ids(G) == ["b"]

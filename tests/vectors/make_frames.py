@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import os
 import struct
+from typing import Any
 
 import msgpack
 
 
-def frame(m: dict) -> str:
+def frame(m: dict[str, Any]) -> str:
     payload = msgpack.packb(m, use_bin_type=True)
     return (struct.pack(">I", len(payload)) + payload).hex()
 
 
-VECTORS = [
+VECTORS: list[tuple[str, dict[str, Any]]] = [
     ("minimal request", {"code": 34, "opaque": 1}),
     ("send message request", {
         "code": 10, "opaque": 7,

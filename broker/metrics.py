@@ -135,6 +135,10 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "trimq_ha_replication_lag_seconds": ("gauge", "",
                                          "master: age of the oldest message its best slave has not acknowledged "
                                          "(0 when it has everything)"),
+    "trimq_ha_offsets_sync_age_seconds": ("gauge", "",
+                                          "slave: seconds since its consumer offsets were last merged with its "
+                                          "master's (since its start until the first time; a promoted slave "
+                                          "serves them); 0 on a master"),
     "trimq_ha_sync_master_waits_total": ("counter", "outcome",
                                          "SYNC_MASTER sends that waited for a slave: outcome=ok, timeout "
                                          "(FLUSH_SLAVE_TIMEOUT) or slave_not_available"),
@@ -223,7 +227,8 @@ class BrokerCollector:
                             ("trimq_ha_slave_connections", len(svc.connections)),
                             ("trimq_ha_master_connected", 1 if ha.client.connected else 0),
                             ("trimq_ha_replication_lag_bytes", svc.lag_bytes()),
-                            ("trimq_ha_replication_lag_seconds", svc.lag_seconds(self._now_ms()))):
+                            ("trimq_ha_replication_lag_seconds", svc.lag_seconds(self._now_ms())),
+                            ("trimq_ha_offsets_sync_age_seconds", ha.offsets_sync_age_ms() / 1000)):
             g = _gauge(name, _doc(name))
             g.add_metric([], value)
             yield g

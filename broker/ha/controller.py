@@ -507,6 +507,11 @@ class HAController:
         return RemotingCommand.response_to(cmd, body=encode_offset_table(table))
 
     # -- metrics -----------------------------------------------------------------------------------------
+    def offsets_sync_age_ms(self) -> int:
+        """Slave: ms since its consumer offsets were last merged with its master's (since the start until the first
+        time); a master: 0 (its own table is the current one)."""
+        return max(0, self.sync.now_ms() - self.sync.offsets_synced_at_ms) if not self.is_master else 0
+
     def status(self) -> dict[str, Any]:
         """Role, epochs, replication progress and lag (metrics, GET_BROKER_RUNTIME_INFO, trimq-admin)."""
         svc, client = self.service, self.client
@@ -517,7 +522,8 @@ class HAController:
                        lagBytes=svc.lag_bytes(), lagSeconds=round(svc.lag_seconds(), 3))
         else:
             out.update(masterConnected=client.connected, masterAddr=self.master_addr(),
-                       masterHaAddr=self.master_ha_address(), dispatchedOffset=client.writer.reput_offset)
+                       masterHaAddr=self.master_ha_address(), dispatchedOffset=client.writer.reput_offset,
+                       offsetsSyncAgeMs=self.offsets_sync_age_ms())
         return out
 
 

@@ -17,6 +17,7 @@ offsets 9 s old, and every queue that changed hands after the failover would be 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -114,7 +115,9 @@ class SlaveSynchronize:
     def __init__(self, *, master_addr: Callable[[], str], topics: SyncedTopics, groups: SyncedGroups,
                  offsets: SyncedOffsets, schedule: SyncedDelayOffsets | None, interval_ms: int = 10_000,
                  offset_interval_ms: int = 0, merge_offsets: OffsetMerge = overwrite_offsets,
-                 persist_offsets: Callable[[], Awaitable[object]] | None = None) -> None:
+                 persist_offsets: Callable[[], Awaitable[object]] | None = None,
+                 now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+        """``now_ms``: the wall clock of :attr:`offsets_synced_at_ms` (read by metrics scrapes, not by trio)."""
         self.master_addr = master_addr
         self.topics = topics
         self.groups = groups
@@ -133,6 +136,10 @@ class SlaveSynchronize:
         self.syncs = 0  # completed rounds (tests, metrics)
         self.offset_syncs = 0  # completed offset-only rounds between them
         self.last_sync_time = 0.0  # trio clock of the last completed round
+        self.now_ms = now_ms
+        #: Wall-clock ms of the last round that merged the consumer offsets with the master's (the start until the
+        #: first): a promoted slave serves the offsets of that moment (trimq_ha_offsets_sync_age_seconds).
+        self.offsets_synced_at_ms = now_ms()
         self._errors = RateLimiter(60_000)
 
     async def run(self, rc: RemotingClient) -> None:
@@ -166,6 +173,7 @@ class SlaveSynchronize:
             return False
         self.syncs += 1
         self.last_sync_time = trio.current_time()
+        self.offsets_synced_at_ms = self.now_ms()
         return True
 
     async def sync_offsets(self, rc: RemotingClient) -> bool:
@@ -173,6 +181,7 @@ class SlaveSynchronize:
         if not await self._round(rc, functools.partial(self._sync_offsets, quiet=True)):
             return False
         self.offset_syncs += 1
+        self.offsets_synced_at_ms = self.now_ms()
         return True
 
     async def _round(self, rc: RemotingClient, *steps: Callable[[RemotingClient, str], Awaitable[None]]) -> bool:

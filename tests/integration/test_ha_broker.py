@@ -130,6 +130,28 @@ async def test_between_full_syncs_a_slave_merges_the_consumer_offsets_alone(
         assert slave.ha_controller.sync.syncs == 1 and slave.subscription_group_manager.get("cg") is None
 
 
+async def test_the_age_of_a_slaves_offsets_is_reported_and_grows_while_its_syncs_fail(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    async with broker_factory(metrics_port=0) as master, \
+            broker_factory(**slave_settings(master), slave_offset_sync_interval_ms=0, metrics_port=0) as slave:
+        assert master.metrics is not None and slave.metrics is not None
+        await caught_up(master, slave)
+        sync, now = slave.ha_controller.sync, [10_000_000]
+        sync.now_ms = lambda: now[0]
+        assert await sync.sync_offsets(rclient)
+        now[0] += 7_000
+        assert slave.ha_controller.status()["offsetsSyncAgeMs"] == 7_000
+        gauge = slave.metrics.registry.get_sample_value
+        assert gauge("trimq_ha_offsets_sync_age_seconds") == 7.0
+        # the HA stream still works but the master's request port does not answer (TrimqSlaveOffsetsStale)
+        sync.master_addr = lambda: "127.0.0.1:1"
+        assert not await sync.sync_offsets(rclient)
+        now[0] += 60_000
+        assert slave.ha_controller.client.connected and gauge("trimq_ha_offsets_sync_age_seconds") == 67.0
+        assert master.ha_controller.status().get("offsetsSyncAgeMs") is None
+        assert master.metrics.registry.get_sample_value("trimq_ha_offsets_sync_age_seconds") == 0.0
+
+
 async def silent_slave(master: Broker) -> trio.SocketStream:
     """A connection to the master's HA port that completes the handshake and then never reports an offset."""
     host, port = parse_address(master.ha_controller.ha_server_addr)

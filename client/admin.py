@@ -747,7 +747,8 @@ class Admin:
                         role=ha.get("brokerRole"), master_epoch=ha.get("masterEpoch", li.get("masterEpoch")),
                         lag_bytes=ha.get("lagBytes"), lag_seconds=ha.get("lagSeconds"), slaves=ha.get("slaves"),
                         master_connected=ha.get("masterConnected"),
-                        error=str(rt) if isinstance(rt, Exception) else None))
+                        error=str(rt) if isinstance(rt, Exception) else None,
+                        offsets_sync_age_ms=ha.get("offsetsSyncAgeMs")))
             clusters.append(ClusterEntry(cluster, brokers))
         return ClusterList(clusters)
 

@@ -243,6 +243,8 @@ class ClusterBroker:
     #: A slave: whether it is connected to its master now.
     master_connected: bool | None = None
     error: str | None = None
+    #: A slave: ms since its consumer offsets were last merged with its master's (what a promotion would serve).
+    offsets_sync_age_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -465,7 +465,9 @@ def _ha_role(b: Mapping[str, Any]) -> str | None:
 def _ha_lag(b: Mapping[str, Any]) -> str | None:
     """HA (issue 15): a master's replication lag (its best slave), a slave's link to its master."""
     if b.get("role") == "SLAVE":
-        return "following" if b.get("masterConnected") else "master unreachable"
+        link = "following" if b.get("masterConnected") else "master unreachable"
+        age = b.get("offsetsSyncAgeMs")
+        return link if age is None else f"{link}, offsets {format_age(age)} old"
     slaves = b.get("slaves")
     if slaves is None:
         return None

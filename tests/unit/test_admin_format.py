@@ -203,11 +203,13 @@ def test_render_reset_and_cluster_and_skip() -> None:
          "slaves": 1, "lagBytes": 512, "lagSeconds": 0.25, "topics": []},
         {"brokerName": "b", "brokerId": 1, "brokerAddr": "s:1", "role": "SLAVE", "masterEpoch": 2,
          "masterConnected": False, "topics": []},
+        {"brokerName": "b", "brokerId": 2, "brokerAddr": "s:2", "role": "SLAVE", "masterEpoch": 2,
+         "masterConnected": True, "offsetsSyncAgeMs": 850, "topics": []},
         {"brokerName": "d", "brokerId": 0, "brokerAddr": "d:1", "error": "refused", "topics": []}]}]}
-    rows = [line.split("  ") for line in fmt.render_cluster_list(pair, now_ms=NOW, tz=UTC).splitlines()[1:4]]
+    rows = [line.split("  ") for line in fmt.render_cluster_list(pair, now_ms=NOW, tz=UTC).splitlines()[1:5]]
     assert [[c.strip() for c in r if c.strip()][4:7] for r in rows] == [
         ["SYNC_MASTER", "2", "1 slave(s), lag 512 B / 0.25 s"], ["SLAVE", "2", "master unreachable"],
-        ["unreachable", "-", "-"]]
+        ["SLAVE", "2", "following, offsets 850ms old"], ["unreachable", "-", "-"]]
     skip = {"mq": {"topic": "T", "brokerName": "b", "queueId": 1}, "queueOffset": 5, "msgId": "AB",
             "reconsumeTimes": 6, "clientId": "c1", "deadLetterTopic": "%DLQ%g", "nextOffset": None}
     assert fmt.render_consumer_skip(skip).endswith("later messages were already cached")

@@ -41,6 +41,16 @@ def slave_settings(master: Broker, **extra: Any) -> dict[str, Any]:
             **extra}
 
 
+async def group_and_offset_on(rc: RemotingClient, master: Broker, offset: int) -> None:
+    """Group ``cg`` (retryMaxTimes 5) and its committed ``offset`` of Orders queue 1, made on the master."""
+    r = await call(rc, master.address, RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                   body={"groupName": "cg", "retryMaxTimes": 5})
+    assert r.code == ResponseCode.SUCCESS, r.remark
+    r = await call(rc, master.address, RC.UPDATE_CONSUMER_OFFSET,
+                   {"consumerGroup": "cg", "topic": "Orders", "queueId": 1, "commitOffset": offset})
+    assert r.code == ResponseCode.SUCCESS, r.remark
+
+
 async def caught_up(master: Broker, slave: Broker) -> None:
     with trio.fail_after(10):
         while not slave.ha_controller.client.connected or \
@@ -77,12 +87,7 @@ async def test_slave_replicates_serves_pulls_refuses_sends_and_syncs_metadata(
         assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE
         assert "SLAVE" in (r.remark or "") and master.address in (r.remark or "")
         # metadata: topics, subscription groups and consumer offsets come from the master
-        r = await call(rclient, master.address, RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-                       body={"groupName": "cg", "retryMaxTimes": 5})
-        assert r.code == ResponseCode.SUCCESS, r.remark
-        r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
-                       {"consumerGroup": "cg", "topic": "Orders", "queueId": 1, "commitOffset": 9})
-        assert r.code == ResponseCode.SUCCESS, r.remark
+        await group_and_offset_on(rclient, master, offset=9)
         assert await slave.ha_controller.sync.sync_all(rclient)
         assert slave.topic_config_manager.get("Orders") == master.topic_config_manager.get("Orders")
         cfg = slave.subscription_group_manager.get("cg")
@@ -114,12 +119,7 @@ async def test_between_full_syncs_a_slave_merges_the_consumer_offsets_alone(
         with trio.fail_after(10):
             while slave.ha_controller.sync.syncs == 0:
                 await trio.sleep(0.01)
-        r = await call(rclient, master.address, RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-                       body={"groupName": "cg", "retryMaxTimes": 5})
-        assert r.code == ResponseCode.SUCCESS, r.remark
-        r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
-                       {"consumerGroup": "cg", "topic": "Orders", "queueId": 1, "commitOffset": 1})
-        assert r.code == ResponseCode.SUCCESS, r.remark
+        await group_and_offset_on(rclient, master, offset=1)
         with trio.fail_after(5):  # no call: the slave's own schedule brings it (a round ends after its write)
             sync = slave.ha_controller.sync
             while slave.offset_manager.query_offset("cg", "Orders", 1) != 1 or not sync.offset_syncs:

@@ -510,7 +510,7 @@ class HAController:
     def offsets_sync_age_ms(self) -> int:
         """Slave: ms since its consumer offsets were last merged with its master's (since the start until the first
         time); a master: 0 (its own table is the current one)."""
-        return max(0, self.sync.now_ms() - self.sync.offsets_synced_at_ms) if not self.is_master else 0
+        return 0 if self.is_master else self.sync.offsets_age_ms()
 
     def status(self) -> dict[str, Any]:
         """Role, epochs, replication progress and lag (metrics, GET_BROKER_RUNTIME_INFO, trimq-admin)."""

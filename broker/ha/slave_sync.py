@@ -133,11 +133,10 @@ class SlaveSynchronize:
         self.push_offsets: OffsetPush | None = None
         self.pushed_offsets = 0  # queues handed to the master (MERGE_CONSUMER_OFFSET)
         self._wakeup = trio.Event()
-        self.syncs = 0  # completed rounds (tests, metrics)
+        self.syncs = 0  # completed rounds (tests)
         self.offset_syncs = 0  # completed offset-only rounds between them
-        self.last_sync_time = 0.0  # trio clock of the last completed round
         self.now_ms = now_ms
-        #: Wall-clock ms of the last round that merged the consumer offsets with the master's (the start until the
+        #: Wall-clock ms at which the master's offset table last merged here was asked for (the start until the
         #: first): a promoted slave serves the offsets of that moment (trimq_ha_offsets_sync_age_seconds).
         self.offsets_synced_at_ms = now_ms()
         self._errors = RateLimiter(60_000)
@@ -172,8 +171,6 @@ class SlaveSynchronize:
                                  self._sync_groups):
             return False
         self.syncs += 1
-        self.last_sync_time = trio.current_time()
-        self.offsets_synced_at_ms = self.now_ms()
         return True
 
     async def sync_offsets(self, rc: RemotingClient) -> bool:
@@ -181,8 +178,11 @@ class SlaveSynchronize:
         if not await self._round(rc, functools.partial(self._sync_offsets, quiet=True)):
             return False
         self.offset_syncs += 1
-        self.offsets_synced_at_ms = self.now_ms()
         return True
+
+    def offsets_age_ms(self) -> int:
+        """ms since the consumer offsets were last merged with the master's (since the start until the first time)."""
+        return max(0, self.now_ms() - self.offsets_synced_at_ms)
 
     async def _round(self, rc: RemotingClient, *steps: Callable[[RemotingClient, str], Awaitable[None]]) -> bool:
         addr = self.master_addr()
@@ -226,6 +226,7 @@ class SlaveSynchronize:
 
     async def _sync_offsets(self, rc: RemotingClient, addr: str, *, quiet: bool = False) -> None:
         """``quiet``: the offset-only round, which finds changes every second on a busy slave (logged at debug)."""
+        asked_at = self.now_ms()
         body = await self._fetch(rc, addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
         changed = self.merge_offsets(self.offsets, body)
         if changed:
@@ -235,6 +236,8 @@ class SlaveSynchronize:
             # handed over a commit of a newer grant below them and the queue went back (long ASYNC seed 18).
             if self.persist_offsets is not None:
                 await self.persist_offsets()
+        # what the slave serves now is the master's table as of the request (whether handing back below succeeds)
+        self.offsets_synced_at_ms = asked_at
         push = self.push_offsets(self.offsets, body) if self.push_offsets is not None else None
         if push:
             resp = await rc.invoke(addr, RemotingCommand.request(RequestCode.MERGE_CONSUMER_OFFSET, {}, push),

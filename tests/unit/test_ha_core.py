@@ -184,18 +184,21 @@ def test_the_lost_tail_boundary_of_a_position_from_an_older_epoch() -> None:
 class _RecordedSync(SlaveSynchronize):
     """The slave's sync schedule alone: each round records its time instead of asking a master."""
 
-    def __init__(self, *, interval_ms: int, offset_interval_ms: int) -> None:
+    def __init__(self, *, interval_ms: int, offset_interval_ms: int, round_s: float = 0) -> None:
         nothing: Any = None
         super().__init__(master_addr=lambda: "127.0.0.1:10911", topics=nothing, groups=nothing, offsets=nothing,
                          schedule=None, interval_ms=interval_ms, offset_interval_ms=offset_interval_ms)
         self.rounds: list[tuple[str, float]] = []
+        self.round_s = round_s  # how long a round takes
 
     async def sync_all(self, rc: Any) -> bool:
         self.rounds.append(("all", trio.current_time()))
+        await trio.sleep(self.round_s)
         return True
 
     async def sync_offsets(self, rc: Any) -> bool:
         self.rounds.append(("offsets", trio.current_time()))
+        await trio.sleep(self.round_s)
         return True
 
 
@@ -220,6 +223,19 @@ async def test_a_slave_merges_offsets_every_second_between_its_full_syncs(autoju
 async def test_without_the_offset_interval_a_slave_syncs_as_rocketmq_does(autojump_clock: trio.abc.Clock) -> None:
     rounds = await _schedule(_RecordedSync(interval_ms=10_000, offset_interval_ms=0))
     assert rounds == [("all", 3.0), ("all", 13.0), ("all", 15.5)]
+
+
+async def test_a_wake_during_a_round_starts_a_full_sync_right_after_it(autojump_clock: trio.abc.Clock) -> None:
+    sync = _RecordedSync(interval_ms=10_000, offset_interval_ms=1_000, round_s=0.5)
+    t0 = trio.current_time()
+    no_client: Any = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sync.run, no_client)
+        await trio.sleep(4.75)  # inside the offset round of 4.5-5.0 (a second after the full one ended)
+        sync.wake()
+        await trio.sleep(0.75)
+        nursery.cancel_scope.cancel()
+    assert [(kind, round(t - t0, 6)) for kind, t in sync.rounds] == [("all", 3.0), ("offsets", 4.5), ("all", 5.0)]
 
 
 def test_the_offset_interval_is_zero_or_at_least_100_ms() -> None:

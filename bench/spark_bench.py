@@ -10,7 +10,10 @@
    parse rate, and ``--parse-only`` the rate of parse + CRC alone.
 3. Data source: ``spark.read.format("trimq-commitlog")`` on ``--master`` with the audit's projection
    (``checks.AUDIT_COLUMNS``) and with the full record schema, aggregated on the JVM side (count, bytes,
-   CRC failures), after a warm-up read; rows/s and rows per CPU-second (JVM + Python workers).
+   CRC failures), after a warm-up read; rows/s and rows per CPU-second (JVM + Python workers). Beside each,
+   the JVM's ceiling: a source replaying one prebuilt batch of the same schema as many times, whose Python
+   side costs next to nothing, so it shows what Spark alone spends turning the batches into rows and the
+   most any Python reader could reach on the machine.
 4. End to end: the ``trimq-audit`` console script in its own process (Spark start-up included), its wall
    time and CPU time against the reference's.
 5. The two reports must agree: every check's counts by kind, messages, lineage, lag, per-topic sizes.
@@ -135,12 +138,74 @@ def warm_page_cache(store: Path) -> None:
                 pass
 
 
-def spark_reads(store: Path, warmup: Path, master: str, split_size: str, driver_memory: str) -> dict[str, Any]:
-    """Timed data-source reads: the audit projection and the full schema."""
+def register_replay_source(spark: Any, batch_file: Path, columns: tuple[str, ...] | None, partitions: int,
+                           batches_per_partition: int, name: str) -> None:
+    """Register a data source that replays one prebuilt batch of the commit-log schema (``columns``).
+
+    Its Python side costs next to nothing (one IPC read per partition, then the same batch again and again),
+    so reading it measures what Spark's JVM alone spends on turning Arrow batches of that schema into rows:
+    the most any Python reader, however fast, could reach on this machine. The classes are local so that
+    cloudpickle ships them by value to workers that cannot import ``bench``."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from trimq.spark_jobs.commitlog_source import spark_schema
+
+    schema = spark_schema(columns)
+    path = str(batch_file)
+
+    class ReplayPartition(InputPartition):
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+    class ReplayReader(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return [ReplayPartition(i) for i in range(partitions)]
+
+        def read(self, partition: InputPartition) -> Any:
+            import pyarrow as pa
+
+            with pa.OSFile(path, "rb") as f, pa.ipc.open_stream(f) as stream:
+                batch = stream.read_next_batch()
+            for _ in range(batches_per_partition):
+                yield batch
+
+    class ReplaySource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return name
+
+        def schema(self) -> Any:
+            return schema
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return ReplayReader()
+
+    spark.dataSource.register(ReplaySource)
+
+
+def write_sample_batch(store: Path, columns: tuple[str, ...] | None, split_size: str, out: Path) -> int:
+    """Write the data source's first batch of ``store`` (``columns``) as Arrow IPC; returns its row count."""
+    import pyarrow as pa
+
+    from trimq.spark_jobs.commitlog_source import parse_size, plan_splits, resolve_segments
+    from trimq.spark_jobs.vectorized import VectorScanner
+
+    split = plan_splits(resolve_segments(str(store)), parse_size(split_size))[0]
+    batch = next(iter(VectorScanner(split, columns=columns).batches()))
+    with pa.OSFile(str(out), "wb") as f, pa.ipc.new_stream(f, batch.schema) as writer:
+        writer.write_batch(batch)
+    return batch.num_rows
+
+
+def spark_reads(store: Path, warmup: Path, master: str, split_size: str, driver_memory: str,
+                messages: int) -> dict[str, Any]:
+    """Timed data-source reads: the audit projection and the full schema, each beside the JVM's ceiling."""
+    import math
+
     from pyspark.sql import functions as F
 
     from trimq.spark_jobs.checks import AUDIT_COLUMNS
-    from trimq.spark_jobs.commitlog_source import FORMAT_NAME, register
+    from trimq.spark_jobs.commitlog_source import FORMAT_NAME, parse_size, plan_splits, register, resolve_segments
     from trimq.spark_jobs.session import build_session, stop_session
 
     t0 = time.perf_counter()
@@ -149,31 +214,44 @@ def spark_reads(store: Path, warmup: Path, master: str, split_size: str, driver_
     out: dict[str, Any] = {"session_start_s": round(startup, 2)}
     try:
         register(spark)
-        for cols in (None, AUDIT_COLUMNS):
+        splits = len(plan_splits(resolve_segments(str(store)), parse_size(split_size)))
+        for name, cols in (("audit_projection", AUDIT_COLUMNS), ("full_schema", None)):
+            sample = warmup.parent / f"replay-{name}.arrow"
+            batch_rows = write_sample_batch(store, cols, split_size, sample)
+            per_split = math.ceil(messages / batch_rows / max(splits, 1))
+            register_replay_source(spark, sample, cols, max(splits, 1), per_split, f"trimq-bench-replay-{name}")
+            register_replay_source(spark, sample, cols, 2, 1, f"trimq-bench-replay-{name}-warmup")
+        for name, cols in (("audit_projection", AUDIT_COLUMNS), ("full_schema", None)):
             reader = spark.read.format(FORMAT_NAME).option("splitSize", "4m")
             if cols:
                 reader = reader.option("columns", ",".join(cols))
             reader.load(str(warmup)).count()  # start the Python workers, compile the read path
+            spark.read.format(f"trimq-bench-replay-{name}-warmup").load().count()
         for name, cols in (("audit_projection", AUDIT_COLUMNS), ("full_schema", None)):
             reader = spark.read.format(FORMAT_NAME).option("splitSize", split_size)
             if cols:
                 reader = reader.option("columns", ",".join(cols))
-            df = reader.load(str(store))
-            agg = df.agg(F.count(F.lit(1)).alias("rows"), F.sum("total_size").alias("bytes"),
-                         F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("bad"))
-            with CpuSampler() as cpu:
-                t1 = time.perf_counter()
-                row = agg.collect()[0]
-                wall = time.perf_counter() - t1
-            c = cpu.seconds()
-            rows = int(row["rows"])
-            out[name] = {"rows": rows, "bytes": int(row["bytes"]), "crc_failures": int(row["bad"]),
-                         "wall_s": round(wall, 2), "rows_per_s": round(rows / wall),
-                         "cpu_s": {k: round(v, 1) for k, v in c.items()},
-                         "rows_per_cpu_s": round(rows / max(c["jvm"] + c["python"], 1e-9))}
+            out[name] = _timed_read(reader.load(str(store)), F)
+            out[name]["jvm_ceiling"] = _timed_read(spark.read.format(f"trimq-bench-replay-{name}").load(), F)
     finally:
         stop_session(spark)
     return out
+
+
+def _timed_read(df: Any, F: Any) -> dict[str, Any]:
+    """Aggregate ``df`` on the JVM (count, bytes, CRC failures) and time it, with the CPU of JVM and workers."""
+    agg = df.agg(F.count(F.lit(1)).alias("rows"), F.sum("total_size").alias("bytes"),
+                 F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("bad"))
+    with CpuSampler() as cpu:
+        t1 = time.perf_counter()
+        row = agg.collect()[0]
+        wall = time.perf_counter() - t1
+    c = cpu.seconds()
+    rows = int(row["rows"])
+    return {"rows": rows, "bytes": int(row["bytes"]), "crc_failures": int(row["bad"]),
+            "wall_s": round(wall, 2), "rows_per_s": round(rows / wall),
+            "cpu_s": {k: round(v, 1) for k, v in c.items()},
+            "rows_per_cpu_s": round(rows / max(c["jvm"] + c["python"], 1e-9))}
 
 
 def compare(audit: dict[str, Any], ref: dict[str, Any]) -> list[str]:
@@ -248,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
               f"whole report {r_wall:.1f} s wall, {r_cpu:.1f} s CPU", flush=True)
 
         if not args.skip_reads:
-            reads = spark_reads(store, root / "warmup", args.master, args.split_size, args.driver_memory)
+            reads = spark_reads(store, root / "warmup", args.master, args.split_size, args.driver_memory,
+                                args.messages)
             result["data_source"] = reads
             for name in ("audit_projection", "full_schema"):
                 r = reads[name]
@@ -256,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['rows_per_s']:,} rows/s ({r['rows_per_s'] / p_rate:.2f}x the reference parse+CRC, "
                       f"{r['rows_per_s'] / loop_rate:.2f}x its record loop); {r['rows_per_cpu_s']:,} rows/CPU-s "
                       f"(JVM {r['cpu_s']['jvm']} s, Python {r['cpu_s']['python']} s)", flush=True)
+                c = r["jvm_ceiling"]
+                print(f"    JVM ceiling (the same schema's prebuilt batch replayed, Python's cost ~0): "
+                      f"{c['rows_per_s']:,} rows/s = {c['rows_per_s'] / p_rate:.2f}x the reference parse+CRC "
+                      f"(JVM {c['cpu_s']['jvm']} s, Python {c['cpu_s']['python']} s)", flush=True)
 
         audit_bin = Path(py).with_name("trimq-audit")
         env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "PYTHONPATH")}

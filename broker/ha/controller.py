@@ -85,7 +85,12 @@ class LockLifetime(Protocol):
 class OffsetTable(SyncedOffsets, Protocol):
     """Consumer offsets the master serves and the slave syncs (ConsumerOffsetManager)."""
 
+    table_id: str
+    change_serial: int
+
     def encode(self) -> dict[str, Any]: ...
+
+    def encode_changes(self, since_serial: int) -> dict[str, Any]: ...
 
     def entries(self) -> dict[tuple[str, int], tuple[int, CommitVersion]]: ...
 
@@ -498,8 +503,20 @@ class HAController:
             "brokerEpoch": self.locks.broker_epoch, "maxOffset": self.store.commitlog.max_offset})
 
     async def get_all_consumer_offset(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        """GET_ALL_CONSUMER_OFFSET (43): the offset table as the file holds it (a slave's sync)."""
-        return RemotingCommand.response_to(cmd, body=self.offsets.encode())
+        """GET_ALL_CONSUMER_OFFSET (43): the offset table as the file holds it (a slave's sync); with
+        ``offsetTableId`` and ``sinceChangeSerial`` of this table's lifetime, only what changed after that serial
+        (``incremental``). Every answer names the table and its current serial, for the next request."""
+        offsets = self.offsets
+        table_id = cmd.ext.get("offsetTableId")
+        if table_id is not None and not isinstance(table_id, str):
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"header field 'offsetTableId' must be a string, got {type(table_id).__name__}")
+        since = int_field(cmd.ext, "sinceChangeSerial", -1)
+        ext: dict[str, Any] = {"offsetTableId": offsets.table_id, "changeSerial": offsets.change_serial}
+        if table_id == offsets.table_id and 0 <= since <= offsets.change_serial:
+            return RemotingCommand.response_to(cmd, body=offsets.encode_changes(since),
+                                               ext={**ext, "incremental": True})
+        return RemotingCommand.response_to(cmd, body=offsets.encode(), ext={**ext, "incremental": False})
 
     async def get_all_delay_offset(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         """GET_ALL_DELAY_OFFSET (45): the delay levels' progress as delayOffset.json holds it."""

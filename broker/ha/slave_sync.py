@@ -11,7 +11,10 @@ stream").
 
 Between two full syncs the slave merges the consumer offsets alone every ``slave_offset_sync_interval_ms`` (1 s;
 0 turns it off, as in RocketMQ): a master killed 9 s after a sync would leave its slave, read from or promoted, with
-offsets 9 s old, and every queue that changed hands after the failover would be replayed from there.
+offsets 9 s old, and every queue that changed hands after the failover would be replayed from there. Those rounds
+ask for what changed since the last answer (GET_ALL_CONSUMER_OFFSET's ``offsetTableId`` and ``sinceChangeSerial``),
+so a round costs both brokers the commits of that second, not the whole table; the full syncs still fetch the
+whole table, and an answer of another table (a master restarted or replaced) is whole too.
 """
 
 from __future__ import annotations
@@ -140,6 +143,11 @@ class SlaveSynchronize:
         #: first): a promoted slave serves the offsets of that moment (trimq_ha_offsets_sync_age_seconds).
         self.offsets_synced_at_ms = now_ms()
         self._errors = RateLimiter(60_000)
+        #: ``(offsetTableId, changeSerial)`` of the master's table as of the last merged answer (offset rounds ask
+        #: for what changed since); None until an answer carried them (a master from before them: whole tables).
+        self.offset_table_seen: tuple[str, int] | None = None
+        self.offset_queues_fetched = 0  # queues received in GET_ALL_CONSUMER_OFFSET answers (tests, cost)
+        self.incremental_offset_syncs = 0  # answers that held only the changes
 
     async def run(self, rc: RemotingClient) -> None:
         """Sync 3 s after the start, then every ``interval_ms`` and at every :meth:`wake`, until cancelled; in
@@ -225,10 +233,29 @@ class SlaveSynchronize:
         log.info("ha.topics_synced", master=addr, topics=len(wanted))
 
     async def _sync_offsets(self, rc: RemotingClient, addr: str, *, quiet: bool = False) -> None:
-        """``quiet``: the offset-only round, which finds changes every second on a busy slave (logged at debug)."""
+        """``quiet``: the offset-only round, which finds changes every second on a busy slave (logged at debug) and
+        asks only for the changes since the last answer; a full sync takes the whole table."""
         asked_at = self.now_ms()
-        body = await self._fetch(rc, addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
+        ext: dict[str, Any] = {}
+        if quiet and self.offset_table_seen is not None:
+            ext = {"offsetTableId": self.offset_table_seen[0], "sinceChangeSerial": self.offset_table_seen[1]}
+        resp = await rc.invoke(addr, RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET, ext),
+                               REQUEST_TIMEOUT_S)
+        if resp.code != ResponseCode.SUCCESS:
+            raise ValueError(f"GET_ALL_CONSUMER_OFFSET answered {resp.code}: {resp.remark}")
+        body = resp.body
+        if not isinstance(body, dict):
+            raise ValueError("GET_ALL_CONSUMER_OFFSET answered no map")
+        table = body.get("offsetTable")
+        self.offset_queues_fetched += sum(len(q) for q in table.values() if isinstance(q, dict)) \
+            if isinstance(table, dict) else 0
         changed = self.merge_offsets(self.offsets, body)
+        table_id, serial = resp.ext.get("offsetTableId"), resp.ext.get("changeSerial")
+        if resp.ext.get("incremental") is True:
+            self.incremental_offset_syncs += 1
+        # remembered only once merged: a failed merge asks again for everything since the last good answer
+        self.offset_table_seen = (table_id, serial) if isinstance(table_id, str) and type(serial) is int \
+            and serial >= 0 else None
         if changed:
             (log.debug if quiet else log.info)("ha.offsets_synced", master=addr, changed=changed)
             # Written now, not at the next periodic write: a slave killed in between restarted on its older table,

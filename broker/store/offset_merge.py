@@ -99,6 +99,8 @@ class VersionedOffsets(Protocol):
 
     def entries(self) -> dict[QueueKey, tuple[int, CommitVersion]]: ...
 
+    def entry(self, queue: QueueKey) -> tuple[int, CommitVersion] | None: ...
+
     def reset_generations(self) -> dict[str, int]: ...
 
     def merge_entry(self, key: str, queue_id: int, offset: int, version: CommitVersion) -> None: ...
@@ -186,9 +188,20 @@ def merge_by_commit_version(offsets: VersionedOffsets, body: dict[str, Any]) -> 
     return len(merge_into(offsets, decode_table(body)).adopted)
 
 
+def _local_for(offsets: VersionedOffsets, remote: DecodedTable) -> dict[QueueKey, tuple[int, CommitVersion]]:
+    """The local entries a merge with ``remote`` looks at: the remote's queues and the local changes (a table's worth
+    of lookups for a whole table, a few for the changes of one second)."""
+    local = {}
+    for q in remote.entries.keys() | offsets.local_changes:
+        mine = offsets.entry(q)
+        if mine is not None:
+            local[q] = mine
+    return local
+
+
 def merge_into(offsets: VersionedOffsets, remote: DecodedTable) -> MergeResult:
     """Apply a decoded remote table to ``offsets`` (see :func:`merge_by_commit_version`); the full result."""
-    local = offsets.entries()
+    local = _local_for(offsets, remote)
     result = merge_tables(local, remote.entries, offsets.local_changes)
     for key, gen in sorted(remote.generations.items()):
         if offsets.merge_reset_generation(key, gen):
@@ -208,7 +221,7 @@ def offsets_newer_here(offsets: VersionedOffsets, body: dict[str, Any]) -> dict[
     """After a merge with ``body`` (the master's table): the MERGE_CONSUMER_OFFSET body of the queues this broker
     changed itself that are newer than the master's (or that the master does not have); None when there are none."""
     remote = decode_table(body)
-    local = offsets.entries()
+    local = _local_for(offsets, remote)
     result = merge_tables(local, remote.entries, offsets.local_changes)
     if not result.newer_here:
         return None

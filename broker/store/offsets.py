@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -150,6 +151,14 @@ class ConsumerOffsetManager:
         self.local_changes: set[tuple[str, int]] = set()
         #: Commits refused per group because they were made before a reset (an older reset generation).
         self.stale_generation_updates: Counter[str] = Counter()
+        #: Names this table's change serials (new at every start), so a slave that asks for the changes since a serial
+        #: of another lifetime gets the whole table (GET_ALL_CONSUMER_OFFSET's incremental form).
+        self.table_id = uuid.uuid4().hex
+        #: Counts every change of an offset, a commit version or a reset generation in this lifetime; each queue and
+        #: key remembers the serial of its last change (in memory only: a restart starts a new table id).
+        self.change_serial = 0
+        self._queue_changed: dict[tuple[str, int], int] = {}
+        self._generation_changed: dict[str, int] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -231,6 +240,7 @@ class ConsumerOffsetManager:
         k = self.key(group, topic)
         generation = self._reset_generations.get(k, 0) + 1
         self._reset_generations[k] = generation
+        self._generation_changed[k] = self._next_serial()
         self._version += 1
         return generation
 
@@ -319,6 +329,7 @@ class ConsumerOffsetManager:
                 for qid in queues:
                     self._updated_at.pop((k, qid), None)
                     self._commit_versions.pop((k, qid), None)
+                    self._queue_changed.pop((k, qid), None)
                     self.local_changes.discard((k, qid))
         if n:
             self._version += 1
@@ -333,12 +344,19 @@ class ConsumerOffsetManager:
         # The commit version: the generation the offset belongs to (a commit can carry a reset this broker has not
         # synced yet: a slave), and the next tick of the queue's hybrid logical clock.
         gen = max(self._reset_generations.get(k, 0), generation or 0)
+        serial = self._next_serial()
         if gen > self._reset_generations.get(k, 0):
             self._reset_generations[k] = gen
+            self._generation_changed[k] = serial
         _, epoch, seq = self._commit_versions.get((k, queue_id), CommitVersion(0, 0, 0))
         self._commit_versions[(k, queue_id)] = CommitVersion(gen, max(epoch, lock_epoch or 0), max(seq + 1, now))
+        self._queue_changed[(k, queue_id)] = serial
         self.local_changes.add((k, queue_id))
         self._version += 1
+
+    def _next_serial(self) -> int:
+        self.change_serial += 1
+        return self.change_serial
 
     # ------------------------------------------------------------------ commit versions (HA, issue 15)
 
@@ -361,6 +379,14 @@ class ConsumerOffsetManager:
                 out[(k, qid)] = (offset, self._commit_versions.get((k, qid), CommitVersion(gen, 0, 0)))
         return out
 
+    def entry(self, queue: tuple[str, int]) -> tuple[int, CommitVersion] | None:
+        """One stored offset, ("topic@group", queue id) -> (offset, commit version); None when there is none."""
+        key, qid = queue
+        offset = self._table.get(key, {}).get(qid)
+        if offset is None:
+            return None
+        return offset, self._commit_versions.get(queue, CommitVersion(self._reset_generations.get(key, 0), 0, 0))
+
     def reset_generations(self) -> dict[str, int]:
         """A copy of the reset generations, "topic@group" -> generation."""
         return dict(self._reset_generations)
@@ -372,8 +398,11 @@ class ConsumerOffsetManager:
         self._commit_versions[(key, queue_id)] = version
         self._updated_at[(key, queue_id)] = self._now_ms()
         self.local_changes.discard((key, queue_id))
+        serial = self._next_serial()
+        self._queue_changed[(key, queue_id)] = serial
         if version.generation > self._reset_generations.get(key, 0):
             self._reset_generations[key] = version.generation
+            self._generation_changed[key] = serial
         self._version += 1
 
     def merge_reset_generation(self, key: str, generation: int) -> bool:
@@ -381,6 +410,7 @@ class ConsumerOffsetManager:
         if generation <= self._reset_generations.get(key, 0):
             return False
         self._reset_generations[key] = generation
+        self._generation_changed[key] = self._next_serial()
         self._version += 1
         return True
 
@@ -422,6 +452,24 @@ class ConsumerOffsetManager:
             doc["resetGenerationTable"] = dict(sorted(self._reset_generations.items()))
         if self._commit_versions:
             doc.update(encode_versions(self._commit_versions.items()))
+        return doc
+
+    def encode_changes(self, since_serial: int) -> dict[str, Any]:
+        """:meth:`encode`'s form holding only what changed after ``since_serial`` of this table: the queues whose
+        offset or version changed (with their versions) and the reset generations raised. Removed offsets are not
+        in it (a merge never removes either)."""
+        queues = sorted(q for q, serial in self._queue_changed.items() if serial > since_serial)
+        table: dict[str, dict[str, int]] = {}
+        for key, qid in queues:
+            table.setdefault(key, {})[str(qid)] = self._table[key][qid]
+        doc: dict[str, Any] = {"offsetTable": table}
+        gens = {k: self._reset_generations[k] for k, serial in sorted(self._generation_changed.items())
+                if serial > since_serial}
+        if gens:
+            doc["resetGenerationTable"] = gens
+        versions = [(q, self._commit_versions[q]) for q in queues if q in self._commit_versions]
+        if versions:
+            doc.update(encode_versions(versions))
         return doc
 
     def snapshot(self) -> tuple[int, dict[str, Any]]:
@@ -479,6 +527,10 @@ class ConsumerOffsetManager:
         self.local_changes = set()
         self._table = loaded
         self._updated_at.clear()
+        # a table replaced whole: a slave's serial of the old one no longer says what it has
+        self.table_id = uuid.uuid4().hex
+        self._queue_changed.clear()
+        self._generation_changed.clear()
         self._version = self._persisted_version = 0
         n = sum(len(v) for v in loaded.values())
         log.info("offset.loaded", file=self.path, groups_topics=len(loaded), queues=n)

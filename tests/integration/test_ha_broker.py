@@ -130,6 +130,46 @@ async def test_between_full_syncs_a_slave_merges_the_consumer_offsets_alone(
         assert slave.ha_controller.sync.syncs == 1 and slave.subscription_group_manager.get("cg") is None
 
 
+async def test_offset_rounds_fetch_only_what_changed_since_the_last_answer(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    async with broker_factory() as master, broker_factory(**slave_settings(master),
+                                                          slave_offset_sync_interval_ms=0) as slave:
+        sync = slave.ha_controller.sync
+        with trio.fail_after(10):  # the full sync the handshake brings; the next one is 10 s away
+            while sync.syncs == 0:
+                await trio.sleep(0.01)
+        await group_and_offset_on(rclient, master, offset=1)
+        for q in (0, 2, 3):
+            r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
+                           {"consumerGroup": "cg", "topic": "Orders", "queueId": q, "commitOffset": 5})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+        assert await sync.sync_offsets(rclient)
+        fetched, incremental = sync.offset_queues_fetched, sync.incremental_offset_syncs
+        r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
+                       {"consumerGroup": "cg", "topic": "Orders", "queueId": 2, "commitOffset": 9})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert await sync.sync_offsets(rclient)
+        # one queue changed: one queue came, and it was merged
+        assert (sync.offset_queues_fetched - fetched, sync.incremental_offset_syncs) == (1, incremental + 1)
+        assert slave.offset_manager.query_offset("cg", "Orders", 2) == 9
+        assert await sync.sync_offsets(rclient) and sync.offset_queues_fetched - fetched == 1  # nothing changed
+        # a full sync takes the whole table, as do the rounds after the master's table is another one (a restart)
+        assert await sync.sync_all(rclient) and sync.offset_queues_fetched - fetched == 1 + 4
+        master.offset_manager.table_id = "restarted"
+        assert await sync.sync_offsets(rclient) and sync.offset_queues_fetched - fetched == 1 + 4 + 4
+        assert sync.offset_table_seen == ("restarted", master.offset_manager.change_serial)
+        # the request's fields: a serial beyond the table's gets the whole table; a malformed field, a clear error
+        r = await call(rclient, master.address, RC.GET_ALL_CONSUMER_OFFSET,
+                       {"offsetTableId": "restarted", "sinceChangeSerial": master.offset_manager.change_serial + 1})
+        assert r.code == ResponseCode.SUCCESS and r.ext["incremental"] is False and len(r.body["offsetTable"]
+                                                                                        ["Orders@cg"]) == 4
+        r = await call(rclient, master.address, RC.GET_ALL_CONSUMER_OFFSET, {"offsetTableId": 7})
+        assert r.code == ResponseCode.SYSTEM_ERROR and "offsetTableId" in (r.remark or "")
+        r = await call(rclient, master.address, RC.GET_ALL_CONSUMER_OFFSET,
+                       {"offsetTableId": "restarted", "sinceChangeSerial": "soon"})
+        assert r.code == ResponseCode.SYSTEM_ERROR and "sinceChangeSerial" in (r.remark or "")
+
+
 async def test_the_age_of_a_slaves_offsets_is_reported_and_grows_while_its_syncs_fail(
         broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
     async with broker_factory(metrics_port=0) as master, \

@@ -5,6 +5,8 @@ wire form (encode / GET_ALL_CONSUMER_OFFSET body) as the brokers do."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from trimq.broker.store.offset_merge import (
     CommitVersion,
     decode_table,
@@ -200,3 +202,42 @@ def test_a_commit_without_an_epoch_keeps_the_queues_lock_epoch_and_the_current_h
     commit(master, 0, 16)  # a commit with no epoch (a pull's) keeps the high-water mark
     assert master.commit_version(G, T, 0).lock_epoch == 2
     assert master.max_lock_epoch() == 2
+
+
+def test_the_changes_since_a_serial_hold_what_changed_after_it_and_merge_like_the_whole_table() -> None:
+    master, slave, clock = pair()
+    for q in range(4):
+        commit(master, q, 10 + q)
+    sync(master, slave)
+    seen = master.change_serial
+    assert master.encode_changes(seen) == {"offsetTable": {}}
+    clock.ms += 5
+    commit(master, 2, 20)
+    master.bump_reset_generation(G, "Other")
+    changes = master.encode_changes(seen)
+    assert changes["offsetTable"] == {KEY: {"2": 20}}
+    assert changes["commitVersionTable"] == {KEY: {"2": list(master.commit_version(G, T, 2)[::2])}}
+    assert changes["resetGenerationTable"] == {f"Other@{G}": 1}
+    merge_by_commit_version(slave, changes)
+    assert slave.entries() == master.entries()
+    assert slave.reset_generations() == master.reset_generations()
+    # a merge on the master (a slave handing back) is a change too, and so is a raised generation
+    seen = master.change_serial
+    master.merge_entry(KEY, 3, 40, CommitVersion(0, 0, clock.ms + 10))
+    assert master.merge_reset_generation(KEY, 2)
+    changes = master.encode_changes(seen)
+    assert changes["offsetTable"] == {KEY: {"3": 40}} and changes["resetGenerationTable"] == {KEY: 2}
+    # removed offsets leave the changes (a merge never removes either)
+    master.remove_offsets(G, T)
+    assert master.encode_changes(0)["offsetTable"] == {}
+
+
+def test_a_reloaded_table_has_a_new_id(tmp_path: Any) -> None:
+    om = ConsumerOffsetManager(str(tmp_path / "consumerOffset.json"))
+    commit(om, 0, 5)
+    om.persist()
+    before, serial = om.table_id, om.change_serial
+    om.load()
+    # a slave's serial of the old table says nothing of this one: its next ask gets the whole table
+    assert om.table_id != before and om.encode_changes(serial)["offsetTable"] == {}
+    assert ConsumerOffsetManager().table_id != ConsumerOffsetManager().table_id

@@ -139,6 +139,10 @@ METRICS: dict[str, tuple[str, str, str]] = {
                                           "slave: seconds since its consumer offsets were last merged with its "
                                           "master's (since its start until the first time; a promoted slave "
                                           "serves them); 0 on a master"),
+    "trimq_ha_offset_queues_fetched_total": ("counter", "answer",
+                                             "slave: queue offsets received from its master's GET_ALL_CONSUMER_OFFSET: "
+                                             "answer=whole (full syncs, or a master without the incremental form) "
+                                             "or changes (the offset rounds)"),
     "trimq_ha_sync_master_waits_total": ("counter", "outcome",
                                          "SYNC_MASTER sends that waited for a slave: outcome=ok, timeout "
                                          "(FLUSH_SLAVE_TIMEOUT) or slave_not_available"),
@@ -232,6 +236,12 @@ class BrokerCollector:
             g = _gauge(name, _doc(name))
             g.add_metric([], value)
             yield g
+        sync = ha.sync
+        fetched = _counter("trimq_ha_offset_queues_fetched_total", _doc("trimq_ha_offset_queues_fetched_total"),
+                           ["answer"])
+        fetched.add_metric(["whole"], sync.offset_queues_fetched - sync.offset_queues_in_changes)
+        fetched.add_metric(["changes"], sync.offset_queues_in_changes)
+        yield fetched
         waits = _counter("trimq_ha_sync_master_waits_total", _doc("trimq_ha_sync_master_waits_total"), ["outcome"])
         waits.add_metric(["ok"], svc.sync_ok)
         waits.add_metric(["timeout"], svc.sync_timeouts)

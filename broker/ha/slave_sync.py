@@ -146,7 +146,8 @@ class SlaveSynchronize:
         #: ``(offsetTableId, changeSerial)`` of the master's table as of the last merged answer (offset rounds ask
         #: for what changed since); None until an answer carried them (a master from before them: whole tables).
         self.offset_table_seen: tuple[str, int] | None = None
-        self.offset_queues_fetched = 0  # queues received in GET_ALL_CONSUMER_OFFSET answers (tests, cost)
+        self.offset_queues_fetched = 0  # queues received in GET_ALL_CONSUMER_OFFSET answers (metrics, tests)
+        self.offset_queues_in_changes = 0  # of those, in answers that held only the changes
         self.incremental_offset_syncs = 0  # answers that held only the changes
 
     async def run(self, rc: RemotingClient) -> None:
@@ -247,12 +248,13 @@ class SlaveSynchronize:
         if not isinstance(body, dict):
             raise ValueError("GET_ALL_CONSUMER_OFFSET answered no map")
         table = body.get("offsetTable")
-        self.offset_queues_fetched += sum(len(q) for q in table.values() if isinstance(q, dict)) \
-            if isinstance(table, dict) else 0
+        queues = sum(len(q) for q in table.values() if isinstance(q, dict)) if isinstance(table, dict) else 0
         changed = self.merge_offsets(self.offsets, body)
         table_id, serial = resp.ext.get("offsetTableId"), resp.ext.get("changeSerial")
+        self.offset_queues_fetched += queues
         if resp.ext.get("incremental") is True:
             self.incremental_offset_syncs += 1
+            self.offset_queues_in_changes += queues
         # remembered only once merged: a failed merge asks again for everything since the last good answer
         self.offset_table_seen = (table_id, serial) if isinstance(table_id, str) and type(serial) is int \
             and serial >= 0 else None

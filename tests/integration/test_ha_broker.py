@@ -132,8 +132,8 @@ async def test_between_full_syncs_a_slave_merges_the_consumer_offsets_alone(
 
 async def test_offset_rounds_fetch_only_what_changed_since_the_last_answer(
         broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
-    async with broker_factory() as master, broker_factory(**slave_settings(master),
-                                                          slave_offset_sync_interval_ms=0) as slave:
+    async with broker_factory() as master, broker_factory(**slave_settings(master), slave_offset_sync_interval_ms=0,
+                                                          metrics_port=0) as slave:
         sync = slave.ha_controller.sync
         with trio.fail_after(10):  # the full sync the handshake brings; the next one is 10 s away
             while sync.syncs == 0:
@@ -158,6 +158,11 @@ async def test_offset_rounds_fetch_only_what_changed_since_the_last_answer(
         master.offset_manager.table_id = "restarted"
         assert await sync.sync_offsets(rclient) and sync.offset_queues_fetched - fetched == 1 + 4 + 4
         assert sync.offset_table_seen == ("restarted", master.offset_manager.change_serial)
+        # what an operator sees: 4 + 1 queues came as changes, 4 + 4 whole (the handshake's sync had none yet)
+        assert slave.metrics is not None
+        sample = slave.metrics.registry.get_sample_value
+        assert sample("trimq_ha_offset_queues_fetched_total", {"answer": "changes"}) == 5
+        assert sample("trimq_ha_offset_queues_fetched_total", {"answer": "whole"}) == 8
         # the request's fields: a serial beyond the table's gets the whole table; a malformed field, a clear error
         r = await call(rclient, master.address, RC.GET_ALL_CONSUMER_OFFSET,
                        {"offsetTableId": "restarted", "sinceChangeSerial": master.offset_manager.change_serial + 1})

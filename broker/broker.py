@@ -20,7 +20,7 @@ from trimq.broker.acl import AccessValidator, load_acl
 from trimq.broker.config import BrokerConfig
 from trimq.broker.consumers import ConsumerManager
 from trimq.broker.ha.controller import HAController
-from trimq.broker.ha.offset_sync import OffsetMergeService, merge_by_commit_version, offsets_newer_here
+from trimq.broker.ha.offset_sync import OffsetMergeService, merge_and_hand_back
 from trimq.broker.locks import RebalanceLockManager
 from trimq.broker.long_polling import LongPolling
 from trimq.broker.metrics import BrokerCollector, BrokerMetrics
@@ -154,10 +154,9 @@ class Broker:
             config=config, registry=server, store=self.store, topics=topics, groups=groups,
             offsets=self.offset_manager, schedule=self.schedule_message_service, locks=self.lock_manager,
             epoch_store=self.coordination_service.epoch_store, address=self.advertised_host,
-            merge_offsets=merge_by_commit_version, ssl_context=self.ssl_context)
-        # Offsets committed to the slave while the master was away survive its return (merged by commit version,
-        # both ways: broker/ha/offset_sync.py), unlike RocketMQ's overwrite.
-        self.ha_controller.sync.push_offsets = offsets_newer_here
+            # offsets committed to a slave while its master was away survive the master's return (merged by commit
+            # version both ways: broker/ha/offset_sync.py), unlike RocketMQ's overwrite
+            merge_offsets=merge_and_hand_back, ssl_context=self.ssl_context)
         self.ha_controller.persist_offsets = self.coordination_service.persist_offsets
         self.offset_merge_service = OffsetMergeService(registry=server, offsets=self.offset_manager)
         self.register_service.ha = self.ha_controller

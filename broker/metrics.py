@@ -239,7 +239,7 @@ class BrokerCollector:
         sync = ha.sync
         fetched = _counter("trimq_ha_offset_queues_fetched_total", _doc("trimq_ha_offset_queues_fetched_total"),
                            ["answer"])
-        fetched.add_metric(["whole"], sync.offset_queues_fetched - sync.offset_queues_in_changes)
+        fetched.add_metric(["whole"], sync.offset_queues_whole)
         fetched.add_metric(["changes"], sync.offset_queues_in_changes)
         yield fetched
         waits = _counter("trimq_ha_sync_master_waits_total", _doc("trimq_ha_sync_master_waits_total"), ["outcome"])

@@ -20,9 +20,8 @@ from trimq.broker.deps import HandlerRegistry
 from trimq.broker.store.offset_merge import (
     VersionedOffsets,
     decode_table,
-    merge_by_commit_version,
+    merge_and_hand_back,
     merge_into,
-    offsets_newer_here,
 )
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
@@ -32,7 +31,7 @@ from trimq.runtime.server import Connection
 
 log = get_logger("trimq.ha")
 
-__all__ = ["OffsetMergeService", "merge_by_commit_version", "offsets_newer_here"]
+__all__ = ["OffsetMergeService", "merge_and_hand_back"]
 
 
 class OffsetMergeService:

@@ -82,15 +82,15 @@ class SyncedDelayOffsets(Protocol):
     def _set_offset(self, level: int, offset: int, copy_end: int | None = None) -> None: ...
 
 
-#: ``(the slave's offsets, the master's GET_ALL_CONSUMER_OFFSET body) -> queues changed``.
-OffsetMerge = Callable[[Any, dict[str, Any]], int]
-#: ``(the slave's offsets, the master's GET_ALL_CONSUMER_OFFSET body) -> MERGE_CONSUMER_OFFSET body or None``:
-#: what the slave hands back to its master after the merge (issue 15 part 2: offsets committed to the slave).
-OffsetPush = Callable[[Any, dict[str, Any]], "dict[str, Any] | None"]
+#: ``(the slave's offsets, the master's GET_ALL_CONSUMER_OFFSET body) -> (queues changed, MERGE_CONSUMER_OFFSET body
+#: or None)``: the body is what the slave hands back to its master after the merge (issue 15 part 2: offsets
+#: committed to the slave; broker/store/offset_merge.py ``merge_and_hand_back``).
+OffsetMerge = Callable[[Any, dict[str, Any]], "tuple[int, dict[str, Any] | None]"]
 
 
-def overwrite_offsets(offsets: SyncedOffsets, body: dict[str, Any]) -> int:
-    """RocketMQ's rule: every offset the master has replaces the slave's. Returns how many changed."""
+def overwrite_offsets(offsets: SyncedOffsets, body: dict[str, Any]) -> tuple[int, None]:
+    """RocketMQ's rule: every offset the master has replaces the slave's (nothing is handed back). Returns how many
+    changed."""
     table = body.get("offsetTable") if isinstance(body, dict) else None
     if not isinstance(table, dict):
         raise ValueError("GET_ALL_CONSUMER_OFFSET body has no offsetTable map")
@@ -109,7 +109,7 @@ def overwrite_offsets(offsets: SyncedOffsets, body: dict[str, Any]) -> int:
             if offsets.query_offset(group, topic, qid) != offset:
                 offsets._set(group, topic, qid, offset)
                 changed += 1
-    return changed
+    return changed, None
 
 
 class SlaveSynchronize:
@@ -132,8 +132,6 @@ class SlaveSynchronize:
         self.merge_offsets = merge_offsets
         #: Writes the offsets to disk now (the broker's offset writer, through the HA controller).
         self.persist_offsets = persist_offsets
-        #: Set by the composition root (broker/broker.py) to hand newer slave offsets back to the master.
-        self.push_offsets: OffsetPush | None = None
         self.pushed_offsets = 0  # queues handed to the master (MERGE_CONSUMER_OFFSET)
         self._wakeup = trio.Event()
         self.syncs = 0  # completed rounds (tests)
@@ -146,8 +144,9 @@ class SlaveSynchronize:
         #: ``(offsetTableId, changeSerial)`` of the master's table as of the last merged answer (offset rounds ask
         #: for what changed since); None until an answer carried them (a master from before them: whole tables).
         self.offset_table_seen: tuple[str, int] | None = None
-        self.offset_queues_fetched = 0  # queues received in GET_ALL_CONSUMER_OFFSET answers (metrics, tests)
-        self.offset_queues_in_changes = 0  # of those, in answers that held only the changes
+        # queues received in GET_ALL_CONSUMER_OFFSET answers, whole tables and changes only (metrics, tests)
+        self.offset_queues_whole = 0
+        self.offset_queues_in_changes = 0
         self.incremental_offset_syncs = 0  # answers that held only the changes
 
     async def run(self, rc: RemotingClient) -> None:
@@ -206,13 +205,24 @@ class SlaveSynchronize:
             return False
         return True
 
-    async def _fetch(self, rc: RemotingClient, addr: str, code: RequestCode) -> dict[str, Any]:
-        resp = await rc.invoke(addr, RemotingCommand.request(code, {}), REQUEST_TIMEOUT_S)
+    @property
+    def offset_queues_fetched(self) -> int:
+        """Queues received in GET_ALL_CONSUMER_OFFSET answers, in all."""
+        return self.offset_queues_whole + self.offset_queues_in_changes
+
+    async def _request(self, rc: RemotingClient, addr: str, code: RequestCode,
+                       ext: dict[str, Any] | None = None) -> RemotingCommand:
+        """The master's SUCCESS answer with a map body; ValueError otherwise (the round fails, logged)."""
+        resp = await rc.invoke(addr, RemotingCommand.request(code, ext or {}), REQUEST_TIMEOUT_S)
         if resp.code != ResponseCode.SUCCESS:
             raise ValueError(f"{code.name} answered {resp.code}: {resp.remark}")
         if not isinstance(resp.body, dict):
             raise ValueError(f"{code.name} answered no map")
-        return resp.body
+        return resp
+
+    async def _fetch(self, rc: RemotingClient, addr: str, code: RequestCode) -> dict[str, Any]:
+        body: dict[str, Any] = (await self._request(rc, addr, code)).body
+        return body
 
     async def _sync_topics(self, rc: RemotingClient, addr: str) -> None:
         body = await self._fetch(rc, addr, RequestCode.GET_ALL_TOPIC_CONFIG)
@@ -240,21 +250,17 @@ class SlaveSynchronize:
         ext: dict[str, Any] = {}
         if quiet and self.offset_table_seen is not None:
             ext = {"offsetTableId": self.offset_table_seen[0], "sinceChangeSerial": self.offset_table_seen[1]}
-        resp = await rc.invoke(addr, RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET, ext),
-                               REQUEST_TIMEOUT_S)
-        if resp.code != ResponseCode.SUCCESS:
-            raise ValueError(f"GET_ALL_CONSUMER_OFFSET answered {resp.code}: {resp.remark}")
+        resp = await self._request(rc, addr, RequestCode.GET_ALL_CONSUMER_OFFSET, ext)
         body = resp.body
-        if not isinstance(body, dict):
-            raise ValueError("GET_ALL_CONSUMER_OFFSET answered no map")
         table = body.get("offsetTable")
         queues = sum(len(q) for q in table.values() if isinstance(q, dict)) if isinstance(table, dict) else 0
-        changed = self.merge_offsets(self.offsets, body)
+        changed, push = self.merge_offsets(self.offsets, body)
         table_id, serial = resp.ext.get("offsetTableId"), resp.ext.get("changeSerial")
-        self.offset_queues_fetched += queues
         if resp.ext.get("incremental") is True:
             self.incremental_offset_syncs += 1
             self.offset_queues_in_changes += queues
+        else:
+            self.offset_queues_whole += queues
         # remembered only once merged: a failed merge asks again for everything since the last good answer
         self.offset_table_seen = (table_id, serial) if isinstance(table_id, str) and type(serial) is int \
             and serial >= 0 else None
@@ -267,7 +273,6 @@ class SlaveSynchronize:
                 await self.persist_offsets()
         # what the slave serves now is the master's table as of the request (whether handing back below succeeds)
         self.offsets_synced_at_ms = asked_at
-        push = self.push_offsets(self.offsets, body) if self.push_offsets is not None else None
         if push:
             resp = await rc.invoke(addr, RemotingCommand.request(RequestCode.MERGE_CONSUMER_OFFSET, {}, push),
                                    REQUEST_TIMEOUT_S)

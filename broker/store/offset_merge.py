@@ -43,6 +43,7 @@ __all__ = [
     "decode_table",
     "decode_versions",
     "encode_versions",
+    "merge_and_hand_back",
     "merge_by_commit_version",
     "merge_tables",
     "offsets_newer_here",
@@ -221,13 +222,25 @@ def offsets_newer_here(offsets: VersionedOffsets, body: dict[str, Any]) -> dict[
     """After a merge with ``body`` (the master's table): the MERGE_CONSUMER_OFFSET body of the queues this broker
     changed itself that are newer than the master's (or that the master does not have); None when there are none."""
     remote = decode_table(body)
-    local = _local_for(offsets, remote)
-    result = merge_tables(local, remote.entries, offsets.local_changes)
-    if not result.newer_here:
+    return _hand_back_body(offsets, merge_tables(_local_for(offsets, remote), remote.entries,
+                                                 offsets.local_changes).newer_here)
+
+
+def merge_and_hand_back(offsets: VersionedOffsets, body: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
+    """A slave's half of a sync in one pass: :func:`merge_by_commit_version`, then :func:`offsets_newer_here`'s body,
+    from one decode and one comparison (the queues a merge finds newer here are the ones it leaves alone, so they
+    are still newer after it). Returns (queues changed, MERGE_CONSUMER_OFFSET body or None)."""
+    result = merge_into(offsets, decode_table(body))
+    return len(result.adopted), _hand_back_body(offsets, result.newer_here)
+
+
+def _hand_back_body(offsets: VersionedOffsets, queues: list[QueueKey]) -> dict[str, Any] | None:
+    mine = {q: e for q in queues if (e := offsets.entry(q)) is not None}
+    if not mine:
         return None
     table: dict[str, dict[str, int]] = {}
-    for key, qid in result.newer_here:
-        table.setdefault(key, {})[str(qid)] = local[(key, qid)][0]
+    for (key, qid), (offset, _) in mine.items():
+        table.setdefault(key, {})[str(qid)] = offset
     gens = offsets.reset_generations()
-    return {"offsetTable": table, **encode_versions((q, local[q][1]) for q in result.newer_here),
+    return {"offsetTable": table, **encode_versions((q, v) for q, (_, v) in mine.items()),
             "resetGenerationTable": {k: gens[k] for k in table if gens.get(k, 0) > 0}}

@@ -363,8 +363,11 @@ class ConsumerOffsetManager:
     def commit_version(self, group: str, topic: str, queue_id: int) -> CommitVersion:
         """The queue's commit version ``(reset generation, lock epoch, sequence)``; (generation, 0, 0) when never
         stamped."""
-        k = self.key(group, topic)
-        return self._commit_versions.get((k, queue_id), CommitVersion(self._reset_generations.get(k, 0), 0, 0))
+        return self._version_of((self.key(group, topic), queue_id))
+
+    def _version_of(self, queue: tuple[str, int]) -> CommitVersion:
+        version = self._commit_versions.get(queue)
+        return version if version is not None else CommitVersion(self._reset_generations.get(queue[0], 0), 0, 0)
 
     def max_lock_epoch(self) -> int:
         """The newest lock epoch any stored commit carried (0: none): a promoted broker grants above it."""
@@ -385,7 +388,7 @@ class ConsumerOffsetManager:
         offset = self._table.get(key, {}).get(qid)
         if offset is None:
             return None
-        return offset, self._commit_versions.get(queue, CommitVersion(self._reset_generations.get(key, 0), 0, 0))
+        return offset, self._version_of(queue)
 
     def reset_generations(self) -> dict[str, int]:
         """A copy of the reset generations, "topic@group" -> generation."""

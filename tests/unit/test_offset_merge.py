@@ -5,11 +5,13 @@ wire form (encode / GET_ALL_CONSUMER_OFFSET body) as the brokers do."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from trimq.broker.store.offset_merge import (
     CommitVersion,
     decode_table,
+    merge_and_hand_back,
     merge_by_commit_version,
     merge_tables,
     offsets_newer_here,
@@ -241,3 +243,28 @@ def test_a_reloaded_table_has_a_new_id(tmp_path: Any) -> None:
     # a slave's serial of the old table says nothing of this one: its next ask gets the whole table
     assert om.table_id != before and om.encode_changes(serial)["offsetTable"] == {}
     assert ConsumerOffsetManager().table_id != ConsumerOffsetManager().table_id
+
+
+def test_the_one_pass_merge_and_hand_back_equals_the_merge_then_the_comparison() -> None:
+    master, slave, clock = pair()
+    for q in range(4):
+        commit(master, q, 10 * q)
+    sync(master, slave)
+    clock.ms += 100
+    commit(master, 1, 15)  # newer on the master
+    clock.ms += 100
+    commit(slave, 0, 7)  # newer on the slave
+    commit(slave, 5, 3)  # a queue the master lacks
+    clock.ms += 100
+    gen = master.bump_reset_generation(G, T)
+    master.reset_offset(G, T, 3, 1)  # a reset on the master
+    body = master.encode()
+    two_steps = copy.deepcopy(slave)
+    changed = merge_by_commit_version(two_steps, body)
+    assert merge_and_hand_back(slave, body) == (changed, offsets_newer_here(two_steps, body))
+    assert changed == 2 and slave.entries() == two_steps.entries() and slave.reset_generation(G, T) == gen
+    assert slave.local_changes == two_steps.local_changes
+    # and with only the changes since a serial: the same, and nothing is handed back twice once the master has it
+    _, push = merge_and_hand_back(slave, master.encode_changes(0))
+    assert push is not None and merge_by_commit_version(master, push) == 2
+    assert merge_and_hand_back(slave, master.encode_changes(master.change_serial - 2)) == (0, None)

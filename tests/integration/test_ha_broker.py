@@ -175,6 +175,44 @@ async def test_offset_rounds_fetch_only_what_changed_since_the_last_answer(
         assert r.code == ResponseCode.SYSTEM_ERROR and "sinceChangeSerial" in (r.remark or "")
 
 
+async def test_offset_rounds_after_a_bad_answer_and_with_a_master_from_before_the_changes_form(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    async with broker_factory() as master, broker_factory(**slave_settings(master),
+                                                          slave_offset_sync_interval_ms=0) as slave:
+        sync = slave.ha_controller.sync
+        with trio.fail_after(10):
+            while sync.syncs == 0:
+                await trio.sleep(0.01)
+        seen = sync.offset_table_seen
+        assert seen is not None and seen[0] == master.offset_manager.table_id
+        real = master.ha_controller.get_all_consumer_offset
+        asked: list[dict[str, Any]] = []
+
+        async def bad(cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+            return RemotingCommand.response_to(cmd, body={"no": "offsetTable"})
+
+        async def from_before(cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+            asked.append(dict(cmd.ext))
+            cmd.ext = {}
+            resp = await real(cmd, conn)
+            resp.ext = {}  # RocketMQ's brokers, and trimq's before the incremental form, answer no such fields
+            return resp
+
+        # a bad answer fails the round and keeps the serial: the next round asks again for everything since it
+        master.server.register(RC.GET_ALL_CONSUMER_OFFSET, bad)
+        await group_and_offset_on(rclient, master, offset=4)
+        assert not await sync.sync_offsets(rclient) and sync.offset_table_seen == seen
+        master.server.register(RC.GET_ALL_CONSUMER_OFFSET, real)
+        assert await sync.sync_offsets(rclient) and sync.incremental_offset_syncs == 1
+        assert slave.offset_manager.query_offset("cg", "Orders", 1) == 4
+        # a master that names no table gets whole-table requests from then on
+        master.server.register(RC.GET_ALL_CONSUMER_OFFSET, from_before)
+        assert await sync.sync_offsets(rclient) and sync.offset_table_seen is None
+        assert await sync.sync_offsets(rclient)
+        assert asked[0]["offsetTableId"] == master.offset_manager.table_id and asked[1] == {}
+        assert sync.incremental_offset_syncs == 1 and sync.offset_queues_whole == 2
+
+
 async def test_the_age_of_a_slaves_offsets_is_reported_and_grows_while_its_syncs_fail(
         broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
     async with broker_factory(metrics_port=0) as master, \

@@ -183,14 +183,12 @@ def register_replay_source(spark: Any, batch_file: Path, columns: tuple[str, ...
     spark.dataSource.register(ReplaySource)
 
 
-def write_sample_batch(store: Path, columns: tuple[str, ...] | None, split_size: str, out: Path) -> int:
-    """Write the data source's first batch of ``store`` (``columns``) as Arrow IPC; returns its row count."""
+def write_sample_batch(split: Any, columns: tuple[str, ...] | None, out: Path) -> int:
+    """Write the data source's first batch of ``split`` (``columns``) as Arrow IPC; returns its row count."""
     import pyarrow as pa
 
-    from trimq.spark_jobs.commitlog_source import parse_size, plan_splits, resolve_segments
     from trimq.spark_jobs.vectorized import VectorScanner
 
-    split = plan_splits(resolve_segments(str(store)), parse_size(split_size))[0]
     batch = next(iter(VectorScanner(split, columns=columns).batches()))
     with pa.OSFile(str(out), "wb") as f, pa.ipc.new_stream(f, batch.schema) as writer:
         writer.write_batch(batch)
@@ -212,26 +210,24 @@ def spark_reads(store: Path, warmup: Path, master: str, split_size: str, driver_
     spark = build_session(master, app_name="trimq-spark-bench", conf={"spark.driver.memory": driver_memory})
     startup = time.perf_counter() - t0
     out: dict[str, Any] = {"session_start_s": round(startup, 2)}
+    def commitlog(split: str, cols: tuple[str, ...] | None) -> Any:
+        reader = spark.read.format(FORMAT_NAME).option("splitSize", split)
+        return reader.option("columns", ",".join(cols)) if cols else reader
+
+    reads = (("audit_projection", AUDIT_COLUMNS), ("full_schema", None))
     try:
         register(spark)
-        splits = len(plan_splits(resolve_segments(str(store)), parse_size(split_size)))
-        for name, cols in (("audit_projection", AUDIT_COLUMNS), ("full_schema", None)):
+        splits = plan_splits(resolve_segments(str(store)), parse_size(split_size))
+        for name, cols in reads:
             sample = warmup.parent / f"replay-{name}.arrow"
-            batch_rows = write_sample_batch(store, cols, split_size, sample)
-            per_split = math.ceil(messages / batch_rows / max(splits, 1))
-            register_replay_source(spark, sample, cols, max(splits, 1), per_split, f"trimq-bench-replay-{name}")
+            per_split = math.ceil(messages / write_sample_batch(splits[0], cols, sample) / len(splits))
+            register_replay_source(spark, sample, cols, len(splits), per_split, f"trimq-bench-replay-{name}")
             register_replay_source(spark, sample, cols, 2, 1, f"trimq-bench-replay-{name}-warmup")
-        for name, cols in (("audit_projection", AUDIT_COLUMNS), ("full_schema", None)):
-            reader = spark.read.format(FORMAT_NAME).option("splitSize", "4m")
-            if cols:
-                reader = reader.option("columns", ",".join(cols))
-            reader.load(str(warmup)).count()  # start the Python workers, compile the read path
+        for name, cols in reads:
+            commitlog("4m", cols).load(str(warmup)).count()  # start the Python workers, compile the read path
             spark.read.format(f"trimq-bench-replay-{name}-warmup").load().count()
-        for name, cols in (("audit_projection", AUDIT_COLUMNS), ("full_schema", None)):
-            reader = spark.read.format(FORMAT_NAME).option("splitSize", split_size)
-            if cols:
-                reader = reader.option("columns", ",".join(cols))
-            out[name] = _timed_read(reader.load(str(store)), F)
+        for name, cols in reads:
+            out[name] = _timed_read(commitlog(split_size, cols).load(str(store)), F)
             out[name]["jvm_ceiling"] = _timed_read(spark.read.format(f"trimq-bench-replay-{name}").load(), F)
     finally:
         stop_session(spark)

@@ -407,3 +407,21 @@ def test_a_replay_after_two_broker_crashes_follows_the_lower_floor(tmp_path: Pat
     r = run(tmp_path, 6, consumed([0, 1, 2, 3], "A", 10), consumed([0, 1, 2, 3, 4, 5], "A", 300),
             broker_crashes=crashes[:1])
     assert not r.ok and "below the offset it had persisted (2)" in r.violations[0]  # the first crash alone
+
+
+def test_a_listener_call_spanning_a_broker_crash_explains_the_successors_replay(tmp_path: Path) -> None:
+    # Long ASYNC seed 180: A, resumed after its pause and owner again, began a listener call for offset 7 at 330; the
+    # queue's broker was killed at 350 and its promoted slave served from 390, without A's lock and with the offset
+    # A had committed (7). A's call returned at 500; B, granted the queue by the new master, replayed 7 at 510, and A
+    # took the queue back later. The crash inside A's call explains B's replay: nobody started after a lease.
+    a1 = consumed([0, 1, 2, 3], "A", 10)
+    b1 = [{**r, "consume_time": 150 + i} for i, r in enumerate(consumed([4, 5], "B", 0))]
+    a2 = [*consumed([6], "A", 320), {**consumed([7], "A", 500)[0], "start_time": 330}]
+    b2 = [{**r, "consume_time": 510 + i} for i, r in enumerate(consumed([7, 8, 9], "B", 0))]
+    a3 = consumed([10, 11], "A", 540)
+    r = run(tmp_path, 12, a1 + a2 + a3, b1 + b2, pauses=[Pause("A", 100, 300)],
+            broker_crashes=[BrokerCrash("b", 350, 390, {Q: 7})], lease_ms=50)
+    assert r.ok and r.started_after_lease == 0, r.text()
+    # without the crash, the same records are a start after the lease
+    r = run(tmp_path, 12, a1 + a2 + a3, b1 + b2, pauses=[Pause("A", 100, 300)], lease_ms=50)
+    assert r.started_after_lease >= 1 and not r.ok

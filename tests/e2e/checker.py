@@ -566,16 +566,18 @@ def _started_after_lease(q: Queue, recs: list[dict[str, Any]], pauses: list[Paus
             # completed after SIGCONT is no start after the lease)
             if r["client_id"] != p.client_id or id(r) in late or _start(r) <= expired or t < p.cont_ms:
                 continue
+            # a broker crash counts from where each listener call began: one inside a call (long ASYNC seed 180) lost
+            # the caller's lock and its uncommitted offset, which explains the next owner's replay as well
             holder = next((x for x in others if (
                 (int(x["consume_time"]) <= t and int(x["queue_offset"]) >= o
-                 and not crashed(x["client_id"], int(x["consume_time"]), t)
+                 and not crashed(x["client_id"], _start(x), t)
                  # a key-scope consumer hands a queue over from its committed prefix, below what it consumed: it
                  # held the queue at t only if it still consumed it afterwards
                  and (x["client_id"] not in key_scope
                       or any(y["client_id"] == x["client_id"] and t < int(y["consume_time"]) <= t + lease_ms
                              for y in others)))
                 or (t < int(x["consume_time"]) <= t + lease_ms and int(x["queue_offset"]) <= o
-                    and not crashed(p.client_id, t, int(x["consume_time"]))
+                    and not crashed(p.client_id, _start(r), int(x["consume_time"]))
                     # a successor replays from the committed offset, below what was consumed: a sign of holding
                     # only while the paused one still consumed (long seeds 11 and ASYNC 22: it took the queue
                     # again seconds after SIGCONT, gave it back, and the next owner replayed its last offsets)

@@ -18,6 +18,8 @@ from audit_stores import (
     rocketmq_record,
     write_rocketmq_segments,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trimq.protocol.message import encode_properties
 from trimq.protocol.record import encode_record
@@ -373,3 +375,41 @@ def test_a_name_twice_is_found_with_many_distinct_property_names(tmp_path: Path)
     assert dict(want[700]["properties"])["P700"] == "b"
     fast, slow = stats[0]
     assert fast == 1099 and slow >= 1
+
+
+_PROPERTY_NAMES = ["KEYS", "KEY", "KEYSX", "TAGS", "UNIQ_KEY", "", "a"]
+_PROPERTY_VALUES = ["", "v", " k ", "k1 k2", "\x01", "x\x01y", "é", "\t"]
+_ENTRY = st.one_of(
+    st.tuples(st.sampled_from(_PROPERTY_NAMES), st.sampled_from(_PROPERTY_VALUES)).map("\x01".join),
+    st.sampled_from(_PROPERTY_NAMES + _PROPERTY_VALUES),  # an entry without \x01 (or just a value's bytes)
+)
+_PROPERTY_TEXT = st.tuples(st.lists(_ENTRY, max_size=6), st.booleans()).map(
+    lambda et: "\x02".join(et[0]) + ("\x02" if et[1] else "")
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(_PROPERTY_TEXT, min_size=1, max_size=8))
+def test_the_property_lookup_equals_the_parsers_map(tmp_path: Path, texts: list[str]) -> None:
+    """Property texts of names that are prefixes of one another, entries without \\x01, empty names and values,
+    values holding \\x01, a trailing \\x02, a name twice: ``keys``, ``tags``, ``shard_key`` and ``prop_<NAME>``
+    of the vectorised lookup are the sequential parser's map (the last entry of a name wins)."""
+    recs = []
+    pos = 0
+    for i, text in enumerate(texts):
+        raw = encode_record(topic="T", body=b"b" * i, queue_id=0, queue_offset=i, physical_offset=pos,
+                            properties=text, store_host=STORE_HOST)
+        recs.append(raw)
+        pos += len(raw)
+    seg = tmp_path / "00000000000000000000"  # rewritten by each example (the fixture's tmp_path is shared)
+    seg.write_bytes(b"".join(recs) + bytes(64))
+    want = sequential(str(seg))
+    cols = ["keys", "tags", "shard_key", "prop_UNIQ_KEY", "prop_KEY", "malformed"]
+    got = vectorised(str(seg), columns=cols)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        props = dict(w["properties"] or [])
+        assert g["keys"] == w["keys"] and g["tags"] == w["tags"] and g["malformed"] == w["malformed"]
+        assert g["prop_UNIQ_KEY"] == props.get("UNIQ_KEY") and g["prop_KEY"] == props.get("KEY")
+        key = w["keys"].split()[0] if w["keys"] and w["keys"].split() else None
+        assert g["shard_key"] == key

@@ -14,12 +14,12 @@ away and committed to the slave), loses to the new holder's (chaos seed 87).
   existed, all ``(generation, 0)``) go the master's way, as RocketMQ's overwrite;
 * reset generations are merged by taking the larger, per ``topic@group`` (they never go back).
 
-:func:`merge_by_commit_version` is the slave's half (its metadata sync, broker/ha/slave_sync.py): it takes every
-entry of its master's table that is newer. :func:`offsets_newer_here` is what the slave then sends its master
-(MERGE_CONSUMER_OFFSET): the queues whose version is newer than the master's (only a commit on the slave makes one
-newer: a merge copies versions as they are), and the queues the master does not have that the slave changed itself
-(``local_changes``: so a group the master deleted is not brought back by an old copy); the master applies them with
-:func:`merge_by_commit_version` too. A queue both sides have at the same version is no
+:func:`merge_and_hand_back` is the slave's half (its metadata sync, broker/ha/slave_sync.py): it takes every
+entry of its master's table that is newer (:func:`merge_by_commit_version`) and returns what the slave then sends its
+master (MERGE_CONSUMER_OFFSET): the queues whose version is newer than the master's (only a commit on the slave makes
+one newer: a merge copies versions as they are), and the queues the master does not have that the slave changed
+itself (``local_changes``: so a group the master deleted is not brought back by an old copy); the master applies them
+with :func:`merge_into` too. A queue both sides have at the same version is no
 longer a local change of the slave.
 
 The wire form of a table is GET_ALL_CONSUMER_OFFSET's body: ``offsetTable`` (RocketMQ's), plus
@@ -46,7 +46,6 @@ __all__ = [
     "merge_and_hand_back",
     "merge_by_commit_version",
     "merge_tables",
-    "offsets_newer_here",
 ]
 
 QueueKey = tuple[str, int]  # ("topic@group", queue id)
@@ -185,7 +184,7 @@ def merge_tables(local: dict[QueueKey, tuple[int, CommitVersion]], remote: dict[
 
 def merge_by_commit_version(offsets: VersionedOffsets, body: dict[str, Any]) -> int:
     """Take every entry of ``body`` (another broker's table) that is newer than ours; raise reset generations.
-    Returns how many queues changed. (broker/ha/slave_sync.py's ``merge_offsets`` hook; MERGE_CONSUMER_OFFSET.)"""
+    Returns how many queues changed."""
     return len(merge_into(offsets, decode_table(body)).adopted)
 
 
@@ -218,16 +217,8 @@ def merge_into(offsets: VersionedOffsets, remote: DecodedTable) -> MergeResult:
     return result
 
 
-def offsets_newer_here(offsets: VersionedOffsets, body: dict[str, Any]) -> dict[str, Any] | None:
-    """After a merge with ``body`` (the master's table): the MERGE_CONSUMER_OFFSET body of the queues this broker
-    changed itself that are newer than the master's (or that the master does not have); None when there are none."""
-    remote = decode_table(body)
-    return _hand_back_body(offsets, merge_tables(_local_for(offsets, remote), remote.entries,
-                                                 offsets.local_changes).newer_here)
-
-
 def merge_and_hand_back(offsets: VersionedOffsets, body: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
-    """A slave's half of a sync in one pass: :func:`merge_by_commit_version`, then :func:`offsets_newer_here`'s body,
+    """A slave's half of a sync in one pass: :func:`merge_by_commit_version`, then the body of what is newer here,
     from one decode and one comparison (the queues a merge finds newer here are the ones it leaves alone, so they
     are still newer after it). Returns (queues changed, MERGE_CONSUMER_OFFSET body or None)."""
     result = merge_into(offsets, decode_table(body))

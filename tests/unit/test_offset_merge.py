@@ -11,10 +11,10 @@ from typing import Any
 from trimq.broker.store.offset_merge import (
     CommitVersion,
     decode_table,
+    encode_versions,
     merge_and_hand_back,
     merge_by_commit_version,
     merge_tables,
-    offsets_newer_here,
 )
 from trimq.broker.store.offsets import ConsumerOffsetManager
 
@@ -37,9 +37,7 @@ def pair() -> tuple[ConsumerOffsetManager, ConsumerOffsetManager, Clock]:
 
 def sync(master: ConsumerOffsetManager, slave: ConsumerOffsetManager) -> dict | None:
     """One metadata sync round: the slave merges the master's table, then hands back what is newer on it."""
-    body = master.encode()
-    merge_by_commit_version(slave, body)
-    push = offsets_newer_here(slave, body)
+    _, push = merge_and_hand_back(slave, master.encode())
     if push is not None:
         merge_by_commit_version(master, push)
     return push
@@ -124,7 +122,7 @@ def test_tables_without_versions_merge_as_rocketmqs_overwrite() -> None:
     assert slave.query_offset(G, T, 0) == 7 and not slave.local_changes
     merge_by_commit_version(slave, {"offsetTable": {KEY: {"0": 3}}})  # same (unknown) version: the master's value
     assert slave.query_offset(G, T, 0) == 3
-    assert offsets_newer_here(slave, {"offsetTable": {KEY: {"0": 3}}}) is None
+    assert merge_and_hand_back(slave, {"offsetTable": {KEY: {"0": 3}}}) == (0, None)
 
 
 def test_the_versions_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -245,6 +243,21 @@ def test_a_reloaded_table_has_a_new_id(tmp_path: Any) -> None:
     assert ConsumerOffsetManager().table_id != ConsumerOffsetManager().table_id
 
 
+def newer_here_after_merge(offsets: ConsumerOffsetManager, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The two-step reference for merge_and_hand_back's body: after a merge with ``body``, compare the whole local
+    table with it again and hand back what is newer here (what the slave did before the one pass)."""
+    local = offsets.entries()
+    newer = merge_tables(local, decode_table(body).entries, offsets.local_changes).newer_here
+    if not newer:
+        return None
+    table: dict[str, dict[str, int]] = {}
+    for key, qid in newer:
+        table.setdefault(key, {})[str(qid)] = local[(key, qid)][0]
+    gens = offsets.reset_generations()
+    return {"offsetTable": table, **encode_versions((q, local[q][1]) for q in newer),
+            "resetGenerationTable": {k: gens[k] for k in table if gens.get(k, 0) > 0}}
+
+
 def test_the_one_pass_merge_and_hand_back_equals_the_merge_then_the_comparison() -> None:
     master, slave, clock = pair()
     for q in range(4):
@@ -261,7 +274,7 @@ def test_the_one_pass_merge_and_hand_back_equals_the_merge_then_the_comparison()
     body = master.encode()
     two_steps = copy.deepcopy(slave)
     changed = merge_by_commit_version(two_steps, body)
-    assert merge_and_hand_back(slave, body) == (changed, offsets_newer_here(two_steps, body))
+    assert merge_and_hand_back(slave, body) == (changed, newer_here_after_merge(two_steps, body))
     assert changed == 2 and slave.entries() == two_steps.entries() and slave.reset_generation(G, T) == gen
     assert slave.local_changes == two_steps.local_changes
     # and with only the changes since a serial: the same, and nothing is handed back twice once the master has it

@@ -262,8 +262,9 @@ class SlaveSynchronize:
         else:
             self.offset_queues_whole += queues
         # remembered only once merged: a failed merge asks again for everything since the last good answer
-        self.offset_table_seen = (table_id, serial) if isinstance(table_id, str) and type(serial) is int \
-            and serial >= 0 else None
+        self.offset_table_seen = None
+        if isinstance(table_id, str) and type(serial) is int and serial >= 0:
+            self.offset_table_seen = (table_id, serial)
         if changed:
             (log.debug if quiet else log.info)("ha.offsets_synced", master=addr, changed=changed)
             # Written now, not at the next periodic write: a slave killed in between restarted on its older table,

@@ -168,6 +168,11 @@ async def test_offset_rounds_fetch_only_what_changed_since_the_last_answer(
                        {"offsetTableId": "restarted", "sinceChangeSerial": master.offset_manager.change_serial + 1})
         assert r.code == ResponseCode.SUCCESS and r.ext["incremental"] is False and len(r.body["offsetTable"]
                                                                                         ["Orders@cg"]) == 4
+        for ext in ({"offsetTableId": "restarted"}, {"offsetTableId": "restarted", "sinceChangeSerial": -1},
+                    {"sinceChangeSerial": 0}):  # no serial, a negative one, no table: the whole table
+            r = await call(rclient, master.address, RC.GET_ALL_CONSUMER_OFFSET, ext)
+            assert r.code == ResponseCode.SUCCESS and r.ext["incremental"] is False, ext
+            assert len(r.body["offsetTable"]["Orders@cg"]) == 4, ext
         r = await call(rclient, master.address, RC.GET_ALL_CONSUMER_OFFSET, {"offsetTableId": 7})
         assert r.code == ResponseCode.SYSTEM_ERROR and "offsetTableId" in (r.remark or "")
         r = await call(rclient, master.address, RC.GET_ALL_CONSUMER_OFFSET,

@@ -50,7 +50,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
 from trimq.broker.store.offset_merge import CommitVersion, decode_versions, encode_versions
@@ -157,6 +157,8 @@ class ConsumerOffsetManager:
         #: Counts every change of an offset, a commit version or a reset generation in this lifetime; each queue and
         #: key remembers the serial of its last change (in memory only: a restart starts a new table id).
         self.change_serial = 0
+        # Both kept in serial order (a change moves its entry to the end: _mark), so the changes since a serial are
+        # read from the end in O(changes), not by a scan of every queue (a slave asks every second).
         self._queue_changed: dict[tuple[str, int], int] = {}
         self._generation_changed: dict[str, int] = {}
 
@@ -240,7 +242,7 @@ class ConsumerOffsetManager:
         k = self.key(group, topic)
         generation = self._reset_generations.get(k, 0) + 1
         self._reset_generations[k] = generation
-        self._generation_changed[k] = self._next_serial()
+        _mark(self._generation_changed, k, self._next_serial())
         self._version += 1
         return generation
 
@@ -347,10 +349,10 @@ class ConsumerOffsetManager:
         serial = self._next_serial()
         if gen > self._reset_generations.get(k, 0):
             self._reset_generations[k] = gen
-            self._generation_changed[k] = serial
+            _mark(self._generation_changed, k, serial)
         _, epoch, seq = self._commit_versions.get((k, queue_id), CommitVersion(0, 0, 0))
         self._commit_versions[(k, queue_id)] = CommitVersion(gen, max(epoch, lock_epoch or 0), max(seq + 1, now))
-        self._queue_changed[(k, queue_id)] = serial
+        _mark(self._queue_changed, (k, queue_id), serial)
         self.local_changes.add((k, queue_id))
         self._version += 1
 
@@ -402,10 +404,10 @@ class ConsumerOffsetManager:
         self._updated_at[(key, queue_id)] = self._now_ms()
         self.local_changes.discard((key, queue_id))
         serial = self._next_serial()
-        self._queue_changed[(key, queue_id)] = serial
+        _mark(self._queue_changed, (key, queue_id), serial)
         if version.generation > self._reset_generations.get(key, 0):
             self._reset_generations[key] = version.generation
-            self._generation_changed[key] = serial
+            _mark(self._generation_changed, key, serial)
         self._version += 1
 
     def merge_reset_generation(self, key: str, generation: int) -> bool:
@@ -413,7 +415,7 @@ class ConsumerOffsetManager:
         if generation <= self._reset_generations.get(key, 0):
             return False
         self._reset_generations[key] = generation
-        self._generation_changed[key] = self._next_serial()
+        _mark(self._generation_changed, key, self._next_serial())
         self._version += 1
         return True
 
@@ -461,13 +463,12 @@ class ConsumerOffsetManager:
         """:meth:`encode`'s form holding only what changed after ``since_serial`` of this table: the queues whose
         offset or version changed (with their versions) and the reset generations raised. Removed offsets are not
         in it (a merge never removes either)."""
-        queues = sorted(q for q, serial in self._queue_changed.items() if serial > since_serial)
+        queues = sorted(_changed_since(self._queue_changed, since_serial))
         table: dict[str, dict[str, int]] = {}
         for key, qid in queues:
             table.setdefault(key, {})[str(qid)] = self._table[key][qid]
         doc: dict[str, Any] = {"offsetTable": table}
-        gens = {k: self._reset_generations[k] for k, serial in sorted(self._generation_changed.items())
-                if serial > since_serial}
+        gens = {k: self._reset_generations[k] for k in sorted(_changed_since(self._generation_changed, since_serial))}
         if gens:
             doc["resetGenerationTable"] = gens
         versions = [(q, self._commit_versions[q]) for q in queues if q in self._commit_versions]
@@ -543,3 +544,22 @@ class ConsumerOffsetManager:
 def _check_offset(offset: object) -> None:
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
+
+
+_K = TypeVar("_K")
+
+
+def _mark(changed: dict[_K, int], key: _K, serial: int) -> None:
+    """Record ``key``'s change at ``serial``, moving it to the end so the dict stays in serial order."""
+    changed.pop(key, None)
+    changed[key] = serial
+
+
+def _changed_since(changed: dict[_K, int], since_serial: int) -> list[_K]:
+    """The keys changed after ``since_serial``, read back from the end of a dict kept in serial order."""
+    out = []
+    for key, serial in reversed(changed.items()):
+        if serial <= since_serial:
+            break
+        out.append(key)
+    return out

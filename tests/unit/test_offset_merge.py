@@ -8,6 +8,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from trimq.broker.store.offset_merge import (
     CommitVersion,
     decode_table,
@@ -230,6 +233,46 @@ def test_the_changes_since_a_serial_hold_what_changed_after_it_and_merge_like_th
     # removed offsets leave the changes (a merge never removes either)
     master.remove_offsets(G, T)
     assert master.encode_changes(0)["offsetTable"] == {}
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["commit", "merge", "bump", "raise", "remove"]),
+                          st.integers(0, 5), st.sampled_from([T, "Other"])), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_OPS)
+def test_the_changes_since_any_serial_are_exactly_those_made_after_it(ops: list[tuple[str, int, str]]) -> None:
+    """encode_changes reads the changes back from the end of a table kept in serial order: after any mix of
+    commits, merges, reset generations and removals, every serial's answer holds exactly the queues and generations
+    last changed after it (the order broken, the read stops early and drops some)."""
+    clock = Clock(1_000_000)
+    om = ConsumerOffsetManager(now_ms=clock)
+    last_change: dict[tuple[str, int], int] = {}  # the test's own record: queue -> serial of its last change
+    last_raise: dict[str, int] = {}
+    for n, (op, qid, topic) in enumerate(ops):
+        clock.ms += 1
+        key = f"{topic}@{G}"
+        if op == "commit":
+            assert om.commit_offset(G, topic, qid, 10 + n, "c", source="update")
+            last_change[(key, qid)] = om.change_serial
+        elif op == "merge":
+            om.merge_entry(key, qid, 5 + n, CommitVersion(0, 0, clock.ms + 10))
+            last_change[(key, qid)] = om.change_serial
+        elif op == "bump":
+            om.bump_reset_generation(G, topic)
+            last_raise[key] = om.change_serial
+        elif op == "raise":
+            if om.merge_reset_generation(key, om.reset_generations().get(key, 0) + qid):
+                last_raise[key] = om.change_serial
+        else:
+            om.remove_offsets(G, topic)
+            for q in [q for q in last_change if q[0] == key]:
+                del last_change[q]
+    for since in range(om.change_serial + 1):
+        changes = om.encode_changes(since)
+        queues = {(k, int(q)) for k, qs in changes["offsetTable"].items() for q in qs}
+        assert queues == {q for q, serial in last_change.items() if serial > since}
+        assert set(changes.get("resetGenerationTable", {})) == {k for k, s in last_raise.items() if s > since}
 
 
 def test_a_reloaded_table_has_a_new_id(tmp_path: Any) -> None:

@@ -357,7 +357,7 @@ def curve_report(results: Path, rates: list[int]) -> list[str]:
 
 
 #: The package's layer folders (setup.py maps them to trimq.*).
-LAYERS = ("trimq", "protocol", "runtime", "namesrv", "broker", "client", "tools")
+LAYERS = ("trimq", "protocol", "runtime", "namesrv", "broker", "client", "tools", "spark_jobs")
 
 #: The latency curve's offered rates (msgs/s); 0 is flat out (the plain live row).
 DEFAULT_RATES = (10_000, 20_000, 30_000, 40_000, 0)

@@ -42,7 +42,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trimq.spark_jobs import checks
-from trimq.spark_jobs.commitlog_source import CQ_FORMAT_NAME, FORMAT_NAME, register
+from trimq.spark_jobs.commitlog_source import CommitLogDataSource, ConsumeQueueDataSource, read_planned
 from trimq.spark_jobs.parser import DEFAULT_SPLIT_SIZE, SegmentPathError, resolve_segments
 from trimq.spark_jobs.report import render_report
 
@@ -234,7 +234,6 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
     has_cq = cq_dir.is_dir() and any(cq_dir.iterdir())
     first_base = min((int(os.path.basename(s)) for s in segments if os.path.basename(s).isdigit()), default=0)
 
-    register(spark)
     spark.sparkContext.setJobGroup("trimq-audit", f"audit of {store}")
     limit = opts.example_limit
     outputs: dict[str, str] = {}
@@ -250,11 +249,8 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
 
     def read(**extra: str) -> DataFrame:
         """The commit log with the audit's projection (spark_jobs.checks.AUDIT_COLUMNS)."""
-        reader = (spark.read.format(FORMAT_NAME).option("splitSize", str(opts.split_size))
-                  .option("columns", ",".join(checks.AUDIT_COLUMNS)))
-        for k, v in extra.items():
-            reader = reader.option(k, v)
-        return reader.load(str(store))
+        return read_planned(spark, CommitLogDataSource, str(store), splitSize=str(opts.split_size),
+                            columns=",".join(checks.AUDIT_COLUMNS), **extra)
 
     if opts.since_ms is not None:
         def in_window(df: DataFrame) -> DataFrame:
@@ -304,10 +300,8 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
         units = None
         if has_cq:
             floor = max(first_base, window_min_offset or 0)
-            summary_rows = _rows(
-                spark.read.format(CQ_FORMAT_NAME).option("summary", "true")
-                .option("minCommitlogOffset", str(floor)).load(str(store))
-            )
+            summary_rows = _rows(read_planned(spark, ConsumeQueueDataSource, str(store), summary="true",
+                                              minCommitlogOffset=str(floor)))
             cq_q: dict[tuple[str, int], list[int]] = {}
             for r in summary_rows:
                 acc = cq_q.setdefault((r["topic"], r["queue_id"]), [0, 0, 0, 0, -1])
@@ -325,10 +319,8 @@ def run_audit(spark: SparkSession, opts: AuditOptions) -> dict[str, Any]:
             )
             progress(f"consume queues summarised; {len(differ)} queue(s) to compare unit by unit")
             if differ:
-                units = keep(
-                    spark.read.format(CQ_FORMAT_NAME)
-                    .option("queues", ",".join(f"{t}:{q}" for t, q in differ)).load(str(store))
-                )
+                units = keep(read_planned(spark, ConsumeQueueDataSource, str(store),
+                                          queues=",".join(f"{t}:{q}" for t, q in differ)))
 
         # 3. Lineage references, then one targeted read (only when something needs it) of the records of
         # the uncertified queues and keys, at the units' offsets, and the originals the retries name.

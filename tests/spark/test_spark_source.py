@@ -9,7 +9,17 @@ import pytest
 from audit_stores import StoreBuilder, write_rocketmq_segments
 
 from trimq.spark_jobs import parser as P
-from trimq.spark_jobs.commitlog_source import CQ_FORMAT_NAME, FORMAT_NAME, RECORD_SCHEMA, register
+from trimq.spark_jobs.checks import AUDIT_COLUMNS
+from trimq.spark_jobs.commitlog_source import (
+    CQ_FORMAT_NAME,
+    FORMAT_NAME,
+    RECORD_SCHEMA,
+    CommitLogDataSource,
+    ConsumeQueueDataSource,
+    OptionError,
+    read_planned,
+    register,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one worker, one Spark session (make test)
 
@@ -90,3 +100,35 @@ def test_bad_option_is_a_clear_error(spark, small_store: Path) -> None:
     missing = os.path.join(str(small_store), "nope")
     with pytest.raises(Exception, match="no such file or directory"):
         spark.read.format(FORMAT_NAME).load(missing).count()
+
+
+@pytest.mark.parametrize("source, options", [
+    ("commitlog", {"splitSize": "150", "batchSize": "5"}),
+    ("commitlog", {"splitSize": "700", "includeBody": "true"}),
+    ("commitlog", {"splitSize": "1k", "columns": ",".join(AUDIT_COLUMNS), "partials": "true"}),
+    ("commitlog", {"splitSize": "1k", "columns": ",".join(AUDIT_COLUMNS),
+                   "filter": '{"queues": [["T0", 1]], "offsets": [0]}'}),
+    ("consumequeue", {}),
+    ("consumequeue", {"summary": "true", "minCommitlogOffset": "300"}),
+])
+def test_a_read_planned_in_the_driver_gives_the_registered_sources_rows_in_its_order(
+        spark, small_store: Path, source: str, options: dict[str, str]) -> None:
+    """read_planned (the audit's reads) against spark.read.format(...).load(): the same schema and the same rows in
+    the same order, for the record schema with splits smaller than a record, bodies, the audit's partials, a
+    filter, and both consume-queue forms."""
+    register(spark)
+    cls, name = ((CommitLogDataSource, FORMAT_NAME) if source == "commitlog"
+                 else (ConsumeQueueDataSource, CQ_FORMAT_NAME))
+    planned = read_planned(spark, cls, str(small_store), **options)
+    registered = spark.read.format(name).options(**options).load(str(small_store))
+    assert planned.schema == registered.schema
+    want = registered.collect()
+    assert want  # every case reads something
+    assert planned.collect() == want
+
+
+def test_read_planned_says_what_is_wrong_with_an_option_in_the_driver(spark, small_store: Path) -> None:
+    with pytest.raises(OptionError, match="splitSize 'lots' is not a byte count"):
+        read_planned(spark, CommitLogDataSource, str(small_store), splitSize="lots")
+    with pytest.raises(OptionError, match="unknown column 'nope'"):
+        read_planned(spark, CommitLogDataSource, str(small_store), columns="topic,nope")

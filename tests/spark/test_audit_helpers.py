@@ -161,3 +161,14 @@ def test_a_users_jvm_options_add_to_the_sessions_own() -> None:
     assert merged["spark.driver.extraJavaOptions"] == "-Dderby.system.home=/tmp/t/derby -Xss4m"
     assert merged["spark.executor.extraJavaOptions"] == "-Xss2m" and merged["spark.app.name"] == "mine"
     assert base["spark.driver.extraJavaOptions"] == "-Dderby.system.home=/tmp/t/derby"
+
+
+def test_the_audits_driver_jvm_runs_c1_alone_and_a_user_can_take_c2_back() -> None:
+    from trimq.spark_jobs.session import merge_conf, session_conf
+
+    conf = merge_conf(session_conf("local[2]", "/tmp/t"), cli.audit_conf({}))
+    assert conf["spark.driver.extraJavaOptions"] == "-Dderby.system.home=/tmp/t/derby -XX:TieredStopAtLevel=1"
+    mine = cli.audit_conf({"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4", "spark.app.name": "x"})
+    # the JVM takes the last of a repeated -XX flag: the user's
+    assert mine["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1 -XX:TieredStopAtLevel=4"
+    assert mine["spark.app.name"] == "x" and "spark.executor.extraJavaOptions" not in mine

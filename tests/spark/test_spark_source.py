@@ -103,7 +103,7 @@ def test_bad_option_is_a_clear_error(spark, small_store: Path) -> None:
 
 
 @pytest.mark.parametrize("source, options", [
-    ("commitlog", {"splitSize": "150", "batchSize": "5"}),
+    ("commitlog", {"splitSize": "400", "batchSize": "5"}),
     ("commitlog", {"splitSize": "700", "includeBody": "true"}),
     ("commitlog", {"splitSize": "1k", "columns": ",".join(AUDIT_COLUMNS), "partials": "true"}),
     ("commitlog", {"splitSize": "1k", "columns": ",".join(AUDIT_COLUMNS),

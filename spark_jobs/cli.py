@@ -19,19 +19,21 @@ from trimq.spark_jobs.parser import DEFAULT_SPLIT_SIZE
 
 EXIT_CLEAN, EXIT_DEFECTS, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 
-#: The audit's driver JVM compiles with C1 alone. The audit's JVM work is planning and some twenty small jobs (the
-#: readers aggregate in Python), which a JVM that lives for a minute or two runs mostly before C2 has paid for its
-#: compiles: on 2 cores, local[2], 10M records 94.6 -> 80.1 s and 1M 49.4 -> 39.8 s (docs/AUDIT.md). On a cluster
-#: only the driver is affected.
+#: The audit's driver JVM compiles with C1 alone, unless it writes the records table. The audit's JVM work is planning
+#: and some twenty small jobs (the readers aggregate in Python), which a JVM that lives a minute or two runs mostly
+#: before C2 has paid for its compiles: on 2 cores, local[2], 10M records 94.6 -> 80.1 s and 1M 49.4 -> 39.8 s. Turning
+#: every record into a row is the hot loop C2 is for: ``--write-records`` on 3M records took 96.4 s with C1 against
+#: 83.9 s with C2 (docs/AUDIT.md). On a cluster only the driver is affected.
 AUDIT_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
 
 
-def audit_conf(user_conf: Mapping[str, str]) -> dict[str, str]:
-    """The settings trimq-audit's session starts with: :data:`AUDIT_CONF`, then the user's ``--conf``. JVM options
-    add after ours, so ``--conf spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4`` takes C2 back."""
+def audit_conf(user_conf: Mapping[str, str], *, write_records: bool = False) -> dict[str, str]:
+    """The settings trimq-audit's session starts with: :data:`AUDIT_CONF` (not with ``write_records``), then the
+    user's ``--conf``. JVM options add after ours, so ``--conf spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4``
+    takes C2 back."""
     from trimq.spark_jobs.session import merge_conf
 
-    return merge_conf(AUDIT_CONF, user_conf)
+    return merge_conf({} if write_records else AUDIT_CONF, user_conf)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -135,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         py_files.append(build_deps_zip(os.path.join(tmp.name, "trimq-deps.zip")))
     spark = None
     try:
-        spark = build_session(args.master, conf=audit_conf(conf), py_files=py_files)
+        spark = build_session(args.master, conf=audit_conf(conf, write_records=opts.write_records),
+                              py_files=py_files)
         summary = run_audit(spark, opts)
     except UsageError as exc:
         print(f"trimq-audit: error: {exc}", file=sys.stderr)

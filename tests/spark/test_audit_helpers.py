@@ -163,7 +163,7 @@ def test_a_users_jvm_options_add_to_the_sessions_own() -> None:
     assert base["spark.driver.extraJavaOptions"] == "-Dderby.system.home=/tmp/t/derby"
 
 
-def test_the_audits_driver_jvm_runs_c1_alone_and_a_user_can_take_c2_back() -> None:
+def test_the_audits_driver_jvm_runs_c1_alone_unless_it_writes_the_records_and_a_user_can_take_c2_back() -> None:
     from trimq.spark_jobs.session import merge_conf, session_conf
 
     conf = merge_conf(session_conf("local[2]", "/tmp/t"), cli.audit_conf({}))
@@ -172,3 +172,5 @@ def test_the_audits_driver_jvm_runs_c1_alone_and_a_user_can_take_c2_back() -> No
     # the JVM takes the last of a repeated -XX flag: the user's
     assert mine["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1 -XX:TieredStopAtLevel=4"
     assert mine["spark.app.name"] == "x" and "spark.executor.extraJavaOptions" not in mine
+    # every record through the JVM is C2's kind of work
+    assert "spark.driver.extraJavaOptions" not in cli.audit_conf({}, write_records=True)

@@ -174,3 +174,28 @@ def test_the_audits_driver_jvm_runs_c1_alone_unless_it_writes_the_records_and_a_
     assert mine["spark.app.name"] == "x" and "spark.executor.extraJavaOptions" not in mine
     # every record through the JVM is C2's kind of work
     assert "spark.driver.extraJavaOptions" not in cli.audit_conf({}, write_records=True)
+
+
+@pytest.mark.parametrize("write_records", [False, True])
+def test_the_cli_starts_its_session_with_the_audits_settings_and_exits_3_when_spark_cannot_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        write_records: bool) -> None:
+    """What main hands build_session (C1 unless it writes the records, then the user's --conf), and exit 3 with the
+    reason when the session cannot start (the module's promise: "the audit itself failed")."""
+    from trimq.spark_jobs import session
+
+    asked: list[dict[str, str]] = []
+
+    def no_spark(master: str | None, *, conf: dict[str, str], py_files: list[str]) -> None:
+        asked.append(conf)
+        raise RuntimeError("Java gateway process exited before sending its port number")
+
+    monkeypatch.setattr(session, "build_session", no_spark)
+    StoreBuilder(tmp_path / "s").close()
+    argv = ["--store", str(tmp_path / "s"), "--out", str(tmp_path / "o"), "--master", "local[1]", "-q",
+            "--conf", "spark.app.name=mine"] + (["--write-records"] if write_records else [])
+    assert cli.main(argv) == cli.EXIT_ERROR == 3
+    err = capsys.readouterr().err
+    assert "trimq-audit: the audit failed: RuntimeError: Java gateway process exited" in err
+    assert asked == [cli.audit_conf({"spark.app.name": "mine"}, write_records=write_records)]
+    assert ("spark.driver.extraJavaOptions" in asked[0]) is not write_records

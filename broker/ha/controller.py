@@ -100,6 +100,8 @@ class OffsetTable(SyncedOffsets, Protocol):
 
     def merge_entry(self, key: str, queue_id: int, offset: int, version: CommitVersion) -> None: ...
 
+    def drop_entry(self, queue: tuple[str, int]) -> bool: ...
+
 
 class HAController:
     """See the module docstring. ``epoch_store`` is the coordination service's broker epoch file; ``ssl_context`` the

@@ -48,6 +48,7 @@ class OffsetMergeService:
             remote = decode_table(cmd.body)
         except ValueError as exc:
             raise RequestError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
+        remote.removed.clear()  # a slave hands over offsets, never removals: only its master removes
         result = merge_into(self.offsets, remote)
         self.merged += len(result.adopted)
         if result.adopted or result.generations_raised:

@@ -12,7 +12,12 @@ away and committed to the slave), loses to the new holder's (chaos seed 87).
 * a queue only one side has is taken by the other;
 * both have it: the larger version wins; equal versions with different offsets (tables from before versions
   existed, all ``(generation, 0)``) go the master's way, as RocketMQ's overwrite;
-* reset generations are merged by taking the larger, per ``topic@group`` (they never go back).
+* reset generations are merged by taking the larger, per ``topic@group`` (they never go back);
+* a queue the master removed (a deleted group or topic: ``removedOffsetTable`` in its changes since a serial, with
+  the removal's version, stamped as a commit's) is removed from the slave too, unless the slave's version is newer
+  (committed there after the removal). Only the changes carry removals: a whole table names what exists, so a
+  removal made while the slave was away past a restart of its master (a new table id, a whole-table answer) is
+  not carried; the slave keeps that copy and serves it until the group commits again.
 
 :func:`merge_and_hand_back` is the slave's half (its metadata sync, broker/ha/slave_sync.py): it takes every
 entry of its master's table that is newer (:func:`merge_by_commit_version`) and returns what the slave then sends its
@@ -107,23 +112,29 @@ class VersionedOffsets(Protocol):
 
     def merge_reset_generation(self, key: str, generation: int) -> bool: ...
 
+    def drop_entry(self, queue: QueueKey) -> bool: ...
+
 
 @dataclass(slots=True)
 class DecodedTable:
-    """A table in its wire form, checked: queue -> (offset, version), and the generations."""
+    """A table in its wire form, checked: queue -> (offset, version), the generations, and the queues the other
+    side removed with the version each had (``removedOffsetTable``, in the changes since a serial only)."""
 
     entries: dict[QueueKey, tuple[int, CommitVersion]] = field(default_factory=dict)
     generations: dict[str, int] = field(default_factory=dict)
+    removed: dict[QueueKey, CommitVersion] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class MergeResult:
     """What a merge decided: the queues taken from the remote table (``adopted``), the local ones newer than the
-    remote's or, absent there, changed locally (``newer_here``: to send to the other side), generations raised."""
+    remote's or, absent there, changed locally (``newer_here``: to send to the other side), generations raised, and
+    the local queues removed because the remote side removed them (``removed``)."""
 
     adopted: list[QueueKey] = field(default_factory=list)
     newer_here: list[QueueKey] = field(default_factory=list)
     generations_raised: list[str] = field(default_factory=list)
+    removed: list[QueueKey] = field(default_factory=list)
 
 
 def _nat(v: Any) -> bool:
@@ -157,6 +168,15 @@ def decode_table(body: Any) -> DecodedTable:
             if version is None:  # a table without versions (RocketMQ's, or older)
                 version = CommitVersion(generations.get(key, 0), 0, 0)
             out.entries[(key, qid)] = (offset, version)
+    removed = body.get("removedOffsetTable")
+    for key, queues in (removed.items() if isinstance(removed, dict) else ()):
+        key = str(key)
+        if "@" not in key or not isinstance(queues, dict):
+            continue
+        for q, v in queues.items():
+            if str(q).isdigit() and isinstance(v, list | tuple) and len(v) == 3 and all(_nat(x) for x in v) \
+                    and (key, int(q)) not in out.entries:
+                out.removed[(key, int(q))] = CommitVersion(*v)
     return out
 
 
@@ -209,6 +229,12 @@ def merge_into(offsets: VersionedOffsets, remote: DecodedTable) -> MergeResult:
     for key, qid in result.adopted:
         offset, version = remote.entries[(key, qid)]
         offsets.merge_entry(key, qid, offset, version)
+    # A removal is stamped as a commit (offsets.py): it reaches the queues this side holds at an older version; a
+    # queue committed here after it (the slave's own commit while its master was away) is kept, and handed back.
+    for q, removed_version in sorted(remote.removed.items()):
+        mine = offsets.entry(q)
+        if mine is not None and mine[1] <= removed_version and offsets.drop_entry(q):
+            result.removed.append(q)
     # A local change the remote side now has at the same version is no longer ours to hand over.
     for q in list(offsets.local_changes):
         mine, theirs = local.get(q), remote.entries.get(q)
@@ -220,9 +246,9 @@ def merge_into(offsets: VersionedOffsets, remote: DecodedTable) -> MergeResult:
 def merge_and_hand_back(offsets: VersionedOffsets, body: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
     """A slave's half of a sync in one pass: :func:`merge_by_commit_version`, then the body of what is newer here,
     from one decode and one comparison (the queues a merge finds newer here are the ones it leaves alone, so they
-    are still newer after it). Returns (queues changed, MERGE_CONSUMER_OFFSET body or None)."""
+    are still newer after it). Returns (queues changed or removed, MERGE_CONSUMER_OFFSET body or None)."""
     result = merge_into(offsets, decode_table(body))
-    return len(result.adopted), _hand_back_body(offsets, result.newer_here)
+    return len(result.adopted) + len(result.removed), _hand_back_body(offsets, result.newer_here)
 
 
 def _hand_back_body(offsets: VersionedOffsets, queues: list[QueueKey]) -> dict[str, Any] | None:

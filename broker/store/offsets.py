@@ -161,6 +161,10 @@ class ConsumerOffsetManager:
         # read from the end in O(changes), not by a scan of every queue (a slave asks every second).
         self._queue_changed: dict[tuple[str, int], int] = {}
         self._generation_changed: dict[str, int] = {}
+        # Removed queues (a deleted group or topic), in serial order like _queue_changed, with the commit version
+        # they had: what a slave's offset round learns removals from (a queue stored again leaves both).
+        self._queue_removed: dict[tuple[str, int], int] = {}
+        self._removed_versions: dict[tuple[str, int], CommitVersion] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -325,17 +329,41 @@ class ConsumerOffsetManager:
                                                                   for t in self.topics_of_group(group)]
         n = 0
         for k in keys:
-            queues = self._table.pop(k, None)
-            if queues:
-                n += len(queues)
-                for qid in queues:
-                    self._updated_at.pop((k, qid), None)
-                    self._commit_versions.pop((k, qid), None)
-                    self._queue_changed.pop((k, qid), None)
-                    self.local_changes.discard((k, qid))
-        if n:
-            self._version += 1
+            for qid in sorted(self._table.get(k, ())):
+                self._drop((k, qid))
+                n += 1
         return n
+
+    def drop_entry(self, queue: tuple[str, int]) -> bool:
+        """Remove one stored offset because another broker removed it (a merge: it is not a local change either);
+        whether there was one."""
+        if queue[1] not in self._table.get(queue[0], {}):
+            return False
+        self._drop(queue)
+        return True
+
+    def _drop(self, queue: tuple[str, int]) -> None:
+        key, qid = queue
+        queues = self._table[key]
+        del queues[qid]
+        if not queues:
+            del self._table[key]
+        # stamped as a change of its own (the next tick of the queue's clock): a slave's commit made before the
+        # removal loses to it, one made after wins, as between two commits
+        gen, epoch, seq = self._version_of(queue)
+        removed_version = CommitVersion(gen, epoch, max(seq + 1, self._now_ms()))
+        self._updated_at.pop(queue, None)
+        self._commit_versions.pop(queue, None)
+        self._queue_changed.pop(queue, None)
+        self.local_changes.discard(queue)
+        _mark(self._queue_removed, queue, self._next_serial())
+        self._removed_versions[queue] = removed_version
+        self._version += 1
+
+    def _stored_again(self, queue: tuple[str, int]) -> None:
+        """A removed queue has an offset again: the removal is no longer news to a slave (its change is)."""
+        if self._queue_removed.pop(queue, None) is not None:
+            del self._removed_versions[queue]
 
     def _set(self, group: str, topic: str, queue_id: int, offset: int, *, generation: int | None = None,
              lock_epoch: int | None = None) -> None:
@@ -353,6 +381,7 @@ class ConsumerOffsetManager:
         _, epoch, seq = self._commit_versions.get((k, queue_id), CommitVersion(0, 0, 0))
         self._commit_versions[(k, queue_id)] = CommitVersion(gen, max(epoch, lock_epoch or 0), max(seq + 1, now))
         _mark(self._queue_changed, (k, queue_id), serial)
+        self._stored_again((k, queue_id))
         self.local_changes.add((k, queue_id))
         self._version += 1
 
@@ -405,6 +434,7 @@ class ConsumerOffsetManager:
         self.local_changes.discard((key, queue_id))
         serial = self._next_serial()
         _mark(self._queue_changed, (key, queue_id), serial)
+        self._stored_again((key, queue_id))
         if version.generation > self._reset_generations.get(key, 0):
             self._reset_generations[key] = version.generation
             _mark(self._generation_changed, key, serial)
@@ -461,8 +491,9 @@ class ConsumerOffsetManager:
 
     def encode_changes(self, since_serial: int) -> dict[str, Any]:
         """:meth:`encode`'s form holding only what changed after ``since_serial`` of this table: the queues whose
-        offset or version changed (with their versions) and the reset generations raised. Removed offsets are not
-        in it (a merge never removes either)."""
+        offset or version changed (with their versions), the reset generations raised, and the queues removed
+        (``removedOffsetTable``: ``{"topic@group": {"<queueId>": [generation, lockEpoch, sequence]}}``, the version
+        of the removal, stamped as a commit's, so that a slave keeps a queue it committed to after it)."""
         queues = sorted(_changed_since(self._queue_changed, since_serial))
         table: dict[str, dict[str, int]] = {}
         for key, qid in queues:
@@ -474,6 +505,11 @@ class ConsumerOffsetManager:
         versions = [(q, self._commit_versions[q]) for q in queues if q in self._commit_versions]
         if versions:
             doc.update(encode_versions(versions))
+        removed: dict[str, dict[str, list[int]]] = {}
+        for key, qid in sorted(_changed_since(self._queue_removed, since_serial)):
+            removed.setdefault(key, {})[str(qid)] = list(self._removed_versions[(key, qid)])
+        if removed:
+            doc["removedOffsetTable"] = removed
         return doc
 
     def snapshot(self) -> tuple[int, dict[str, Any]]:
@@ -535,6 +571,8 @@ class ConsumerOffsetManager:
         self.table_id = uuid.uuid4().hex
         self._queue_changed.clear()
         self._generation_changed.clear()
+        self._queue_removed.clear()
+        self._removed_versions.clear()
         self._version = self._persisted_version = 0
         n = sum(len(v) for v in loaded.values())
         log.info("offset.loaded", file=self.path, groups_topics=len(loaded), queues=n)

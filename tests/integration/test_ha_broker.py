@@ -180,6 +180,36 @@ async def test_offset_rounds_fetch_only_what_changed_since_the_last_answer(
         assert r.code == ResponseCode.SYSTEM_ERROR and "sinceChangeSerial" in (r.remark or "")
 
 
+async def test_a_group_deleted_on_the_master_loses_its_offsets_on_the_slave_too(
+        broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
+    # RocketMQ's slave keeps a deleted group's offsets (it merges the master's table into its own), and serves
+    # them once promoted: a group created again under the old name would start from them.
+    async with broker_factory() as master, broker_factory(**slave_settings(master),
+                                                          slave_offset_sync_interval_ms=0) as slave:
+        sync = slave.ha_controller.sync
+        with trio.fail_after(10):
+            while sync.syncs == 0:
+                await trio.sleep(0.01)
+        await group_and_offset_on(rclient, master, offset=4)
+        r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
+                       {"consumerGroup": "keep", "topic": "Orders", "queueId": 1, "commitOffset": 2})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert await sync.sync_offsets(rclient)
+        assert slave.offset_manager.query_offset("cg", "Orders", 1) == 4
+        r = await call(rclient, master.address, RC.DELETE_SUBSCRIPTIONGROUP, {"groupName": "cg", "removeOffset": True})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert await sync.sync_offsets(rclient) and sync.incremental_offset_syncs >= 1
+        assert slave.offset_manager.query_offset("cg", "Orders", 1) == -1
+        assert slave.offset_manager.query_offset("keep", "Orders", 1) == 2
+        on_disk = json.loads(Path(slave.offset_manager.path).read_text())  # written at once, as a merge is
+        assert "Orders@cg" not in on_disk["offsetTable"] and on_disk["offsetTable"]["Orders@keep"] == {"1": 2}
+        # a slave hands over offsets, never removals: a MERGE_CONSUMER_OFFSET naming one removes nothing
+        r = await call(rclient, master.address, RC.MERGE_CONSUMER_OFFSET, body={
+            "offsetTable": {}, "removedOffsetTable": {"Orders@keep": {"1": [9, 9, 2**40]}}})
+        assert r.code == ResponseCode.SUCCESS and r.ext["merged"] == 0, r.remark
+        assert master.offset_manager.query_offset("keep", "Orders", 1) == 2
+
+
 async def test_offset_rounds_after_a_bad_answer_and_with_a_master_from_before_the_changes_form(
         broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
     async with broker_factory() as master, broker_factory(**slave_settings(master),

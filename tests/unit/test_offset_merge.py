@@ -230,8 +230,14 @@ def test_the_changes_since_a_serial_hold_what_changed_after_it_and_merge_like_th
     assert master.merge_reset_generation(KEY, 2)
     changes = master.encode_changes(seen)
     assert changes["offsetTable"] == {KEY: {"3": 40}} and changes["resetGenerationTable"] == {KEY: 2}
-    # removed offsets leave the changes (a merge never removes either)
-    master.remove_offsets(G, T)
+    # removed offsets leave the changes, and the removal is one, stamped as the queue's next commit would be
+    versions = {q: master.commit_version(G, T, q) for q in range(4)}
+    seen = master.change_serial
+    clock.ms += 7
+    assert master.remove_offsets(G, T) == 4
+    changes = master.encode_changes(seen)
+    assert changes == {"offsetTable": {}, "removedOffsetTable": {
+        KEY: {str(q): [v.generation, v.lock_epoch, max(v.sequence + 1, clock.ms)] for q, v in versions.items()}}}
     assert master.encode_changes(0)["offsetTable"] == {}
 
 
@@ -249,15 +255,18 @@ def test_the_changes_since_any_serial_are_exactly_those_made_after_it(ops: list[
     om = ConsumerOffsetManager(now_ms=clock)
     last_change: dict[tuple[str, int], int] = {}  # the test's own record: queue -> serial of its last change
     last_raise: dict[str, int] = {}
+    last_removal: dict[tuple[str, int], int] = {}  # queue -> serial of its removal, while it stays removed
     for n, (op, qid, topic) in enumerate(ops):
         clock.ms += 1
         key = f"{topic}@{G}"
         if op == "commit":
             assert om.commit_offset(G, topic, qid, 10 + n, "c", source="update")
             last_change[(key, qid)] = om.change_serial
+            last_removal.pop((key, qid), None)
         elif op == "merge":
             om.merge_entry(key, qid, 5 + n, CommitVersion(0, 0, clock.ms + 10))
             last_change[(key, qid)] = om.change_serial
+            last_removal.pop((key, qid), None)
         elif op == "bump":
             om.bump_reset_generation(G, topic)
             last_raise[key] = om.change_serial
@@ -265,14 +274,65 @@ def test_the_changes_since_any_serial_are_exactly_those_made_after_it(ops: list[
             if om.merge_reset_generation(key, om.reset_generations().get(key, 0) + qid):
                 last_raise[key] = om.change_serial
         else:
+            before = om.change_serial
             om.remove_offsets(G, topic)
-            for q in [q for q in last_change if q[0] == key]:
+            for i, q in enumerate(sorted(q for q in last_change if q[0] == key)):
                 del last_change[q]
+                last_removal[q] = before + 1 + i
     for since in range(om.change_serial + 1):
         changes = om.encode_changes(since)
         queues = {(k, int(q)) for k, qs in changes["offsetTable"].items() for q in qs}
         assert queues == {q for q, serial in last_change.items() if serial > since}
         assert set(changes.get("resetGenerationTable", {})) == {k for k, s in last_raise.items() if s > since}
+        removed = {(k, int(q)) for k, qs in changes.get("removedOffsetTable", {}).items() for q in qs}
+        assert removed == {q for q, serial in last_removal.items() if serial > since}
+
+
+def test_a_removal_on_the_master_reaches_the_slave_unless_the_slave_committed_since() -> None:
+    master, slave, clock = pair()
+    for q in range(3):
+        commit(master, q, 10 + q)
+    assert master.commit_offset(G, "Other", 0, 7, "c", source="update")
+    sync(master, slave)
+    seen = master.change_serial
+    clock.ms += 1_000
+    commit(slave, 1, 20)  # the slave's own commits (its master away): one before the removal ...
+    clock.ms += 1_000
+    assert master.remove_offsets(G, T) == 3  # DELETE_SUBSCRIPTIONGROUP removeOffset (or the topic's deletion)
+    clock.ms += 1_000
+    commit(slave, 2, 30)  # ... and one after it
+    changed, push = merge_and_hand_back(slave, master.encode_changes(seen))
+    assert changed == 2  # queues 0 and 1: the removal is newer than either
+    assert sorted(slave.topics_of_group(G)) == ["Other", T] and slave.queue_offsets(G, T) == {2: 30}
+    assert slave.queue_offsets(G, "Other") == {0: 7}  # the group's other topic was not removed
+    assert push is not None and push["offsetTable"] == {KEY: {"2": 30}}  # handed back as any newer commit
+    # what the slave removed is a removal in its own changes too (a slave promoted later serves them)
+    assert set(slave.encode_changes(0).get("removedOffsetTable", {}).get(KEY, {})) == {"0", "1"}
+    # the same changes again, or a whole table (which carries no removals), change nothing
+    assert merge_and_hand_back(slave, master.encode_changes(seen))[0] == 0
+    # a queue stored again leaves the removals: its change is what the slave learns
+    seen = master.change_serial
+    clock.ms += 1_000
+    commit(master, 0, 3)
+    assert master.encode_changes(seen) == {"offsetTable": {KEY: {"0": 3}},
+                                           **encode_versions([((KEY, 0), master.commit_version(G, T, 0))])}
+    assert set(master.encode_changes(0)["removedOffsetTable"][KEY]) == {"1", "2"}
+
+
+def test_a_removal_reaches_only_what_is_no_newer_than_the_removed_version_and_malformed_ones_are_skipped() -> None:
+    om = ConsumerOffsetManager(now_ms=Clock(1_000_000))
+    for q in range(3):
+        om.merge_entry(KEY, q, 5, CommitVersion(0, 2, 100))  # as they came from the master
+    body = {"offsetTable": {}, "removedOffsetTable": {
+        KEY: {"0": [0, 2, 100], "1": [0, 1, 999], "2": [0, 2, 99], "3": [0, 0, 1], "x": [0, 0, 1]},
+        f"Other@{G}": {"0": [1, 2]}, "nokey": {"0": [0, 0, 1]}, f"Bad@{G}": "not a map"}}
+    assert decode_table(body).removed == {(KEY, 0): CommitVersion(0, 2, 100), (KEY, 1): CommitVersion(0, 1, 999),
+                                          (KEY, 2): CommitVersion(0, 2, 99), (KEY, 3): CommitVersion(0, 0, 1)}
+    # queue 0: the same version, removed; 1: a removal under an older lock epoch, 2: an older one: both kept
+    assert merge_and_hand_back(om, body) == (1, None)
+    assert om.queue_offsets(G, T) == {1: 5, 2: 5}
+    # a queue both listed and removed (a malformed body) is taken as listed
+    assert decode_table({"offsetTable": {KEY: {"1": 6}}, "removedOffsetTable": {KEY: {"1": [9, 9, 9]}}}).removed == {}
 
 
 def test_a_reloaded_table_has_a_new_id(tmp_path: Any) -> None:

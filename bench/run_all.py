@@ -24,9 +24,9 @@
    consumers with a 10 ms listener (and a 1 ms CPU-burning one) in queue scope and in key scope, and the Redis
    Streams peer with the same listener: msg/s, the key/queue ratio, p99, per-key order violations;
    ``--no-key-scope`` skips it.
-6. ``bench.spark_bench``: the audit's data source and ``trimq-audit`` against the frozen reference
-   (``bench.audit_reference``) on a generated store of ``--spark-messages`` messages (default 10M, about
-   4.3 GB of disk and several minutes; ``--no-spark`` skips it).
+6. ``bench.spark_bench``: the audit's data source, a JVM reader prototype (``bench.jvm_reader``, bench only) and
+   ``trimq-audit`` against the frozen reference (``bench.audit_reference``) on a generated store of
+   ``--spark-messages`` messages (default 10M, about 4.3 GB of disk and several minutes; ``--no-spark`` skips it).
 
 Everything is written under ``bench/results/`` (one JSON per row, ``summary.json``) and summarised in
 ``bench/results/REPORT.md``, tables ready for bench/RESULTS.md. Servers listen on 127.0.0.1 and are stopped

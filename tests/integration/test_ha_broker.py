@@ -5,7 +5,8 @@ SLAVE_NOT_AVAILABLE with no slave, FLUSH_SLAVE_TIMEOUT when the slave does not c
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,20 @@ async def group_and_offset_on(rc: RemotingClient, master: Broker, offset: int) -
     r = await call(rc, master.address, RC.UPDATE_CONSUMER_OFFSET,
                    {"consumerGroup": "cg", "topic": "Orders", "queueId": 1, "commitOffset": offset})
     assert r.code == ResponseCode.SUCCESS, r.remark
+
+
+@asynccontextmanager
+async def master_and_synced_slave(broker_factory: Callable[..., Any], **slave_extra: Any
+                                  ) -> AsyncIterator[tuple[Broker, Broker, Any]]:
+    """A master and its slave with no offset rounds of their own (the test drives them), once the slave has had the
+    full sync its handshake brings (the next one is 10 s away): (master, slave, the slave's sync)."""
+    async with broker_factory() as master, broker_factory(**slave_settings(master), slave_offset_sync_interval_ms=0,
+                                                          **slave_extra) as slave:
+        sync = slave.ha_controller.sync
+        with trio.fail_after(10):
+            while sync.syncs == 0:
+                await trio.sleep(0.01)
+        yield master, slave, sync
 
 
 async def caught_up(master: Broker, slave: Broker) -> None:
@@ -132,12 +147,7 @@ async def test_between_full_syncs_a_slave_merges_the_consumer_offsets_alone(
 
 async def test_offset_rounds_fetch_only_what_changed_since_the_last_answer(
         broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
-    async with broker_factory() as master, broker_factory(**slave_settings(master), slave_offset_sync_interval_ms=0,
-                                                          metrics_port=0) as slave:
-        sync = slave.ha_controller.sync
-        with trio.fail_after(10):  # the full sync the handshake brings; the next one is 10 s away
-            while sync.syncs == 0:
-                await trio.sleep(0.01)
+    async with master_and_synced_slave(broker_factory, metrics_port=0) as (master, slave, sync):
         await group_and_offset_on(rclient, master, offset=1)
         for q in (0, 2, 3):
             r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
@@ -184,12 +194,7 @@ async def test_a_group_deleted_on_the_master_loses_its_offsets_on_the_slave_too(
         broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
     # RocketMQ's slave keeps a deleted group's offsets (it merges the master's table into its own), and serves
     # them once promoted: a group created again under the old name would start from them.
-    async with broker_factory() as master, broker_factory(**slave_settings(master),
-                                                          slave_offset_sync_interval_ms=0) as slave:
-        sync = slave.ha_controller.sync
-        with trio.fail_after(10):
-            while sync.syncs == 0:
-                await trio.sleep(0.01)
+    async with master_and_synced_slave(broker_factory) as (master, slave, sync):
         await group_and_offset_on(rclient, master, offset=4)
         r = await call(rclient, master.address, RC.UPDATE_CONSUMER_OFFSET,
                        {"consumerGroup": "keep", "topic": "Orders", "queueId": 1, "commitOffset": 2})
@@ -201,6 +206,7 @@ async def test_a_group_deleted_on_the_master_loses_its_offsets_on_the_slave_too(
         assert await sync.sync_offsets(rclient) and sync.incremental_offset_syncs >= 1
         assert slave.offset_manager.query_offset("cg", "Orders", 1) == -1
         assert slave.offset_manager.query_offset("keep", "Orders", 1) == 2
+        assert slave.offset_manager.path is not None
         on_disk = json.loads(Path(slave.offset_manager.path).read_text())  # written at once, as a merge is
         assert "Orders@cg" not in on_disk["offsetTable"] and on_disk["offsetTable"]["Orders@keep"] == {"1": 2}
         # a slave hands over offsets, never removals: a MERGE_CONSUMER_OFFSET naming one removes nothing
@@ -212,12 +218,7 @@ async def test_a_group_deleted_on_the_master_loses_its_offsets_on_the_slave_too(
 
 async def test_offset_rounds_after_a_bad_answer_and_with_a_master_from_before_the_changes_form(
         broker_factory: Callable[..., Any], rclient: RemotingClient) -> None:
-    async with broker_factory() as master, broker_factory(**slave_settings(master),
-                                                          slave_offset_sync_interval_ms=0) as slave:
-        sync = slave.ha_controller.sync
-        with trio.fail_after(10):
-            while sync.syncs == 0:
-                await trio.sleep(0.01)
+    async with master_and_synced_slave(broker_factory) as (master, slave, sync):
         seen = sync.offset_table_seen
         assert seen is not None and seen[0] == master.offset_manager.table_id
         real = master.ha_controller.get_all_consumer_offset

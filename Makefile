@@ -14,9 +14,15 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[spark,test,lint,bench]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The JVM reader of clean commit-log segments (spark_jobs/jvm_reader.py), compiled with the JDK's javac against the
+# installed pyspark's jars; trimq's Spark sessions load it when it is there.
+JAR := spark_jobs/jvm/trimq-commitlog.jar
+$(JAR): spark_jobs/jvm/CommitLogSource.java $(STAMP)
+	$(BIN)/python -c "from trimq.spark_jobs.jvm_reader import build_jar; build_jar()"
 
-test: $(STAMP) promtool browser
+install: $(STAMP) $(JAR)
+
+test: $(STAMP) $(JAR) promtool browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests
 
 # promtool checks deploy/prometheus/ in the tests (tests/unit/test_deploy_configs.py). When it is not on PATH
@@ -70,7 +76,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy --explicit-package-bases --namespace-packages --follow-imports=silent tests
 
-bench: $(STAMP)
+bench: $(STAMP) $(JAR)
 	$(BIN)/python -m bench.run_all
 
 chaos: $(STAMP)
@@ -80,5 +86,5 @@ fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzz.fuzz_decoders
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(JAR)
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

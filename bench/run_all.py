@@ -24,8 +24,8 @@
    consumers with a 10 ms listener (and a 1 ms CPU-burning one) in queue scope and in key scope, and the Redis
    Streams peer with the same listener: msg/s, the key/queue ratio, p99, per-key order violations;
    ``--no-key-scope`` skips it.
-6. ``bench.spark_bench``: the audit's data source, a JVM reader prototype (``bench.jvm_reader``, bench only) and
-   ``trimq-audit`` against the frozen reference (``bench.audit_reference``) on a generated store of
+6. ``bench.spark_bench``: the audit's data source, the record schema through the JVM reader and ``trimq-audit``
+   against the frozen reference (``bench.audit_reference``) on a generated store of
    ``--spark-messages`` messages (default 10M, about 4.3 GB of disk and several minutes; ``--no-spark`` skips it).
 
 Everything is written under ``bench/results/`` (one JSON per row, ``summary.json``) and summarised in

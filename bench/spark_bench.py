@@ -13,9 +13,9 @@
    CRC failures), after a warm-up read; rows/s and rows per CPU-second (JVM + Python workers). Beside each,
    the JVM's ceiling: a source replaying one prebuilt batch of the same schema as many times, whose Python
    side costs next to nothing, so it shows what Spark alone spends turning the batches into rows and the
-   most any Python reader could reach on the machine. Then the JVM reader prototype (``bench.jvm_reader``, built
-   with the JDK's javac against pyspark's jars): its rows on the warm-up store against the data source's, and the
-   same aggregate with Spark's column pruning and with every column filled.
+   most any Python reader could reach on the machine. Then the record schema through
+   ``spark_jobs.jvm_reader.read_records`` (clean segments read in the JVM): its rows on the warm-up store against
+   the data source's, and the same aggregate as Spark plans it and with the JVM reader filling every column.
 4. End to end: the ``trimq-audit`` console script in its own process (Spark start-up included), its wall
    time and CPU time against the reference's.
 5. The two reports must agree: every check's counts by kind, messages, lineage, lag, per-topic sizes.
@@ -198,9 +198,9 @@ def write_sample_batch(split: Any, columns: tuple[str, ...] | None, out: Path) -
 
 
 def spark_reads(store: Path, warmup: Path, master: str, split_size: str, driver_memory: str,
-                messages: int, jvm_jar: Path | None = None) -> dict[str, Any]:
-    """Timed data-source reads: the audit projection and the full schema, each beside the JVM's ceiling; with
-    ``jvm_jar``, the JVM reader prototype's reads too (:func:`jvm_prototype_reads`)."""
+                messages: int) -> dict[str, Any]:
+    """Timed data-source reads: the audit projection and the full schema, each beside the JVM's ceiling, then the
+    record schema through the JVM reader (:func:`jvm_reads`)."""
     import math
 
     from pyspark.sql import functions as F
@@ -210,10 +210,7 @@ def spark_reads(store: Path, warmup: Path, master: str, split_size: str, driver_
     from trimq.spark_jobs.session import build_session, stop_session
 
     t0 = time.perf_counter()
-    conf = {"spark.driver.memory": driver_memory}
-    if jvm_jar is not None:
-        conf["spark.jars"] = str(jvm_jar)
-    spark = build_session(master, app_name="trimq-spark-bench", conf=conf)
+    spark = build_session(master, app_name="trimq-spark-bench", conf={"spark.driver.memory": driver_memory})
     startup = time.perf_counter() - t0
     out: dict[str, Any] = {"session_start_s": round(startup, 2)}
     def commitlog(split: str, cols: tuple[str, ...] | None) -> Any:
@@ -235,33 +232,28 @@ def spark_reads(store: Path, warmup: Path, master: str, split_size: str, driver_
         for name, cols in reads:
             out[name] = _timed_read(commitlog(split_size, cols).load(str(store)), F)
             out[name]["jvm_ceiling"] = _timed_read(spark.read.format(f"trimq-bench-replay-{name}").load(), F)
-        if jvm_jar is not None:
-            out["jvm_reader_prototype"] = jvm_prototype_reads(spark, store, warmup, parse_size(split_size), F)
+        out["jvm_reader"] = jvm_reads(spark, store, warmup, split_size, F)
     finally:
         stop_session(spark)
     return out
 
 
-def jvm_prototype_reads(spark: Any, store: Path, warmup: Path, split_bytes: int, F: Any) -> dict[str, Any]:
-    """The JVM reader prototype (bench/jvm_reader): first its rows on the warm-up store against the data source's
-    (the record schema, in order), then the timed aggregate twice: with Spark's column pruning (it fills
-    ``total_size`` and ``crc_ok`` alone, as Parquet would) and with every column filled (``prune=false``)."""
-    from bench.jvm_reader import PROVIDER
+def jvm_reads(spark: Any, store: Path, warmup: Path, split_size: str, F: Any) -> dict[str, Any]:
+    """``spark_jobs.jvm_reader.read_records`` (clean segments read in the JVM, the rest by the data source): first
+    its rows on the warm-up store against the data source's (the record schema, in order), then the timed aggregate
+    twice: as Spark plans it (it prunes the JVM reader to ``total_size`` and ``crc_ok``, as it would Parquet) and
+    with the JVM reader filling every column (``prune_columns=False``). Each time includes the scan job that tells
+    clean segments from the rest."""
     from trimq.spark_jobs.commitlog_source import FORMAT_NAME
+    from trimq.spark_jobs.jvm_reader import jvm_reader_loaded, read_records
 
-    def jvm(path: Path, prune: bool) -> Any:
-        return (spark.read.format(PROVIDER).option("splitSize", str(split_bytes))
-                .option("prune", str(prune).lower()).load(str(path)))
-
-    out: dict[str, Any] = {}
-    try:
-        mine, theirs = jvm(warmup, False).collect(), spark.read.format(FORMAT_NAME).load(str(warmup)).collect()
-        out["same_rows_as_data_source"] = mine == theirs
-        out["rows_compared"] = len(theirs)
-        out["pruned"] = _timed_read(jvm(store, True), F)
-        out["all_columns"] = _timed_read(jvm(store, False), F)
-    except Exception as exc:  # the prototype refuses what is not clean: say so, do not stop the bench
-        out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    if not jvm_reader_loaded(spark):
+        return {"skipped": "the session has no JVM reader (build it with make: it needs a JDK's javac)"}
+    mine = read_records(spark, str(warmup)).collect()
+    theirs = spark.read.format(FORMAT_NAME).load(str(warmup)).collect()
+    out: dict[str, Any] = {"same_rows_as_data_source": mine == theirs, "rows_compared": len(theirs)}
+    out["pruned"] = _timed_read(read_records(spark, str(store), split_size=split_size), F)
+    out["all_columns"] = _timed_read(read_records(spark, str(store), split_size=split_size, prune_columns=False), F)
     return out
 
 
@@ -353,17 +345,8 @@ def main(argv: list[str] | None = None) -> int:
               f"whole report {r_wall:.1f} s wall, {r_cpu:.1f} s CPU", flush=True)
 
         if not args.skip_reads:
-            jvm_jar = None
-            try:
-                from bench.jvm_reader import build_jar
-
-                jvm_jar = build_jar(root / "jvm_reader")
-            except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
-                detail = getattr(exc, "stderr", "") or ""
-                result["jvm_reader_prototype"] = {"skipped": f"{exc} {detail}".strip()[:500]}
-                print(f"JVM reader prototype: not built ({result['jvm_reader_prototype']['skipped']})", flush=True)
             reads = spark_reads(store, root / "warmup", args.master, args.split_size, args.driver_memory,
-                                args.messages, jvm_jar)
+                                args.messages)
             result["data_source"] = reads
             for name in ("audit_projection", "full_schema"):
                 r = reads[name]
@@ -375,15 +358,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    JVM ceiling (the same schema's prebuilt batch replayed, Python's cost ~0): "
                       f"{c['rows_per_s']:,} rows/s = {c['rows_per_s'] / p_rate:.2f}x the reference parse+CRC "
                       f"(JVM {c['cpu_s']['jvm']} s, Python {c['cpu_s']['python']} s)", flush=True)
-            proto = reads.get("jvm_reader_prototype")
-            if proto is not None and "error" in proto:
-                print(f"JVM reader prototype (bench/jvm_reader, clean stores only): {proto['error']}", flush=True)
-            elif proto is not None:
-                print(f"JVM reader prototype (bench/jvm_reader, clean stores only; not the data source): "
-                      f"same rows as the data source on the warm-up store ({proto['rows_compared']:,}): "
-                      f"{'yes' if proto['same_rows_as_data_source'] else 'NO'}", flush=True)
-                for name, label in (("pruned", "Spark's column pruning"), ("all_columns", "every column filled")):
-                    r = proto[name]
+            jvm = reads["jvm_reader"]
+            if "skipped" in jvm:
+                print(f"record schema through the JVM reader: skipped: {jvm['skipped']}", flush=True)
+            else:
+                print(f"record schema through the JVM reader (spark_jobs.jvm_reader.read_records, {args.master}): "
+                      f"same rows as the data source on the warm-up store ({jvm['rows_compared']:,}): "
+                      f"{'yes' if jvm['same_rows_as_data_source'] else 'NO'}", flush=True)
+                for name, label in (("pruned", "as Spark plans it (pruned)"), ("all_columns", "every column filled")):
+                    r = jvm[name]
                     print(f"    {label}: {r['rows_per_s']:,} rows/s = {r['rows_per_s'] / p_rate:.2f}x the reference "
                           f"parse+CRC; {r['rows_per_cpu_s']:,} rows/CPU-s (JVM {r['cpu_s']['jvm']} s)", flush=True)
 

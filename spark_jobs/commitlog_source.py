@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -507,11 +507,21 @@ def read_planned(spark: SparkSession, source: type[CommitLogDataSource] | type[C
     ``spark.range`` with ``mapInArrow``: the same reader, batches and rows, in the same partitions. Bad options
     raise here (OptionError), not in a worker.
     """
+    return read_planned_where(spark, source, path, None, options)
+
+
+def read_planned_where(spark: SparkSession, source: type[CommitLogDataSource] | type[ConsumeQueueDataSource],
+                       path: str, keep: Callable[[InputPartition], bool] | None, options: Mapping[str, str]
+                       ) -> DataFrame:
+    """:func:`read_planned` keeping only the partitions ``keep`` accepts (None: all), planned over the whole ``path``
+    all the same (the segments ``jvm_reader`` leaves to this reader: a torn tail stays the last segment's)."""
     opts = CaseInsensitiveDict({**options, "path": path})
     data_source = source(opts)
     schema = data_source.schema()
     reader = data_source.reader(schema)
-    partitions = list(reader.partitions())
+    partitions = [p for p in reader.partitions() if keep is None or keep(p)]
+    if not partitions:
+        return spark.createDataFrame([], schema)
 
     def read_partitions(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in ids:

@@ -135,6 +135,12 @@ def merge_conf(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[st
     return merged
 
 
+def jvm_reader_jar() -> str | None:
+    """The built jar of the JVM commit-log reader (``make`` builds it), or None."""
+    jar = Path(__file__).with_name("jvm") / "trimq-commitlog.jar"
+    return str(jar) if jar.is_file() else None
+
+
 def build_session(
     master: str | None = "local[*]",
     app_name: str = "trimq-audit",
@@ -153,7 +159,11 @@ def build_session(
     temp_root = tempfile.mkdtemp(prefix="trimq-spark-")
     previous = {} if running else prepare_environment(master, temp_root)
     builder = SparkSession.builder
-    for key, value in merge_conf(session_conf(master, temp_root, app_name), conf or {}).items():
+    settings = merge_conf(session_conf(master, temp_root, app_name), conf or {})
+    jar = jvm_reader_jar()
+    if jar is not None and not running:  # the JVM reader of clean segments (spark_jobs/jvm_reader.py), when built
+        settings["spark.jars"] = ",".join(j for j in (settings.get("spark.jars"), jar) if j)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -107,7 +107,8 @@ def read_records(spark: Any, path: str, *, split_size: str | int = DEFAULT_SPLIT
     options = {"splitSize": str(split_bytes), "includeBody": str(include_body).lower(),
                "maxRecordSize": str(max_record_size)}
     files = sorted(dict.fromkeys(resolve_segments(path)), key=_sort_key)
-    if not files or not jvm_reader_loaded(spark):
+    # (the scan and the splits name files one per line)
+    if not files or any("\n" in f for f in files) or not jvm_reader_loaded(spark):
         return read_planned(spark, CommitLogDataSource, path, **options)
     cuts = scan_segments(spark, files, split_size=split_bytes, max_record_size=max_record_size)
     frames = []

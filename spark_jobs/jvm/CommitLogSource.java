@@ -514,13 +514,25 @@ public class CommitLogSource implements TableProvider {
       }
     }
 
+    /** Where the property item starting at {@code s} ends (its separator 2, or {@code p1}). */
+    private int itemEnd(int s, int p1) {
+      int e = s;
+      while (e < p1 && data[e] != 2) e++;
+      return e;
+    }
+
+    /** Where the name of the item {@code [s, e)} ends (its separator 1; {@code e}: no value, the item is skipped). */
+    private int nameEnd(int s, int e) {
+      int m = s;
+      while (m < e && data[m] != 1) m++;
+      return m;
+    }
+
     private void property(OnHeapColumnVector c, int r, int p0, int p1, byte[] name) {
       int s = p0;
       while (s < p1) {
-        int e = s;
-        while (e < p1 && data[e] != 2) e++;
-        int m = s;
-        while (m < e && data[m] != 1) m++;
+        int e = itemEnd(s, p1);
+        int m = nameEnd(s, e);
         if (m < e && m - s == name.length && Arrays.equals(data, s, m, name, 0, name.length)) {
           c.putByteArray(r, data, m + 1, e - m - 1);
           return;
@@ -537,10 +549,8 @@ public class CommitLogSource implements TableProvider {
       int count = 0;
       int s = p0;
       while (s < p1) {
-        int e = s;
-        while (e < p1 && data[e] != 2) e++;
-        int m = s;
-        while (m < e && data[m] != 1) m++;
+        int e = itemEnd(s, p1);
+        int m = nameEnd(s, e);
         if (m < e) {
           names.appendByteArray(data, s, m - s);
           values.appendByteArray(data, m + 1, e - m - 1);

@@ -40,12 +40,13 @@ from trimq.spark_jobs.commitlog_source import (
     read_planned_where,
 )
 from trimq.spark_jobs.parser import DEFAULT_MAX_RECORD_SIZE, DEFAULT_SPLIT_SIZE, _sort_key, resolve_segments
+from trimq.spark_jobs.session import JVM_READER_JAR
 
 __all__ = ["JAR_PATH", "JVM_SOURCE", "build_jar", "jvm_reader_loaded", "read_records", "scan_segments"]
 
 JVM_SOURCE = "org.trimq.spark.CommitLogSource"
 SOURCE_PATH = Path(__file__).with_name("jvm") / "CommitLogSource.java"
-JAR_PATH = Path(__file__).with_name("jvm") / "trimq-commitlog.jar"
+JAR_PATH = JVM_READER_JAR
 
 
 def javac() -> str:

@@ -135,10 +135,13 @@ def merge_conf(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[st
     return merged
 
 
+#: The JVM commit-log reader's jar (spark_jobs/jvm_reader.py; ``make`` builds it).
+JVM_READER_JAR = Path(__file__).with_name("jvm") / "trimq-commitlog.jar"
+
+
 def jvm_reader_jar() -> str | None:
-    """The built jar of the JVM commit-log reader (``make`` builds it), or None."""
-    jar = Path(__file__).with_name("jvm") / "trimq-commitlog.jar"
-    return str(jar) if jar.is_file() else None
+    """The built jar of the JVM commit-log reader, or None."""
+    return str(JVM_READER_JAR) if JVM_READER_JAR.is_file() else None
 
 
 def build_session(

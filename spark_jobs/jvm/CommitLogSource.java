@@ -47,8 +47,8 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * property named twice) and the records end in the end-of-file filler, in zeros up to the end, or at the end:
  * {@link #scanSegments} decides that in the executors and plans the splits of the clean segments at record
  * boundaries. For those the rows equal the Python readers' row for row (tests/spark/test_jvm_reader.py), and
- * Spark reads them as its own columnar batches, with its column pruning. Anything a reader meets that the scan did
- * not let through is an error, never a guess.
+ * Spark reads them as its own columnar batches, with its column pruning. A record whose structure is not what the
+ * scan found (the file changed in between) is an error, never a guess; the readers do not check the text again.
  */
 public class CommitLogSource implements TableProvider {
   static final int MESSAGE_MAGIC = 0xDAA320A7;
@@ -155,19 +155,31 @@ public class CommitLogSource implements TableProvider {
 
   /** Whether the record at {@code pos} is one the Python readers take as regular, of IPv4 hosts. */
   static boolean regular(ByteBuffer b, int pos, int size, long n, long maxRecordSize) {
+    int t1 = topicEnd(b, pos, size, n, maxRecordSize);
+    if (t1 < 0) return false;
+    int topic = pos + V4_HEADER + b.getInt(pos + 84) + 1;
+    int end = pos + size;
+    return utf8(topic, t1, b) && utf8(t1 + 2, end, b) && distinctNames(b, t1 + 2, end);
+  }
+
+  /**
+   * Where the topic of the record at {@code pos} ends (its properties' length starts) when the record is a message of
+   * IPv4 hosts whose field lengths add up within {@code n}; -1 otherwise. The readers check this again for every record,
+   * because it bounds every read they make; the text checks of {@link #regular} are the scan's alone.
+   */
+  static int topicEnd(ByteBuffer b, int pos, int size, long n, long maxRecordSize) {
     if (b.getInt(pos + 4) != MESSAGE_MAGIC || size < MIN_RECORD_SIZE || size > maxRecordSize || pos + (long) size > n) {
-      return false;
+      return -1;
     }
     int end = pos + size;
-    if ((b.getInt(pos + 36) & 0x30) != 0) return false;  // IPv6 hosts: the Python reader formats those
+    if ((b.getInt(pos + 36) & 0x30) != 0) return -1;  // IPv6 hosts: the Python reader formats those
     int bodyLen = b.getInt(pos + 84);
     long b1 = (long) pos + V4_HEADER + bodyLen;
-    if (bodyLen < 0 || b1 + 3 > end) return false;
+    if (bodyLen < 0 || b1 + 3 > end) return -1;
     int t1 = (int) b1 + 1 + (b.get((int) b1) & 0xff);
-    if (t1 + 2 > end) return false;
+    if (t1 + 2 > end) return -1;
     int plen = b.getShort(t1);
-    if (plen < 0 || t1 + 2 + plen != end) return false;
-    return utf8((int) b1 + 1, t1, b) && utf8(t1 + 2, end, b) && distinctNames(b, t1 + 2, end);
+    return plen < 0 || t1 + 2 + plen != end ? -1 : t1;
   }
 
   /** Well-formed UTF-8 (Unicode's table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF). */
@@ -228,7 +240,7 @@ public class CommitLogSource implements TableProvider {
       while (m < e && b.get(m) != 1) m++;
       if (m < e) {
         for (int j = 0; j < count; j++) {
-          if (lens[j] == m - s && b.slice(starts[j], lens[j]).equals(b.slice(s, m - s))) return false;
+          if (lens[j] == m - s && sameBytes(b, starts[j], s, m - s)) return false;
         }
         if (count == starts.length) {
           starts = Arrays.copyOf(starts, count * 2);
@@ -238,6 +250,13 @@ public class CommitLogSource implements TableProvider {
         lens[count++] = m - s;
       }
       s = e + 1;
+    }
+    return true;
+  }
+
+  private static boolean sameBytes(ByteBuffer b, int x, int y, int length) {
+    for (int k = 0; k < length; k++) {
+      if (b.get(x + k) != b.get(y + k)) return false;
     }
     return true;
   }
@@ -370,6 +389,7 @@ public class CommitLogSource implements TableProvider {
   }
 
   static final int BATCH_ROWS = 4096;
+  static final int HOST_SLOTS = 64;
   private static final byte[] HEX = "0123456789ABCDEF".getBytes(StandardCharsets.US_ASCII);
   private static final byte[] KEYS = "KEYS".getBytes(StandardCharsets.US_ASCII);
   private static final byte[] TAGS = "TAGS".getBytes(StandardCharsets.US_ASCII);
@@ -387,6 +407,8 @@ public class CommitLogSource implements TableProvider {
     private final long maxRecordSize;
     private final CRC32 crc = new CRC32();
     private final byte[] text = new byte[64];
+    private final long[] hostRaw = new long[HOST_SLOTS];
+    private final byte[][] hostText = new byte[HOST_SLOTS][];
     private int pos;
 
     SplitReader(SplitRange split, StructType required, boolean includeBody, long maxRecordSize) {
@@ -420,7 +442,7 @@ public class CommitLogSource implements TableProvider {
       for (OnHeapColumnVector v : vectors) v.reset();
       int rows = 0;
       while (rows < BATCH_ROWS && pos < data.length) {
-        if (pos + 8 > data.length || !regular(buf, pos, buf.getInt(pos), data.length, maxRecordSize)) {
+        if (pos + 8 > data.length || topicEnd(buf, pos, buf.getInt(pos), data.length, maxRecordSize) < 0) {
           throw new IllegalStateException(split.path + ": the record at " + (split.start + pos)
               + " is not the regular record the scan found there (the segment changed since the scan)");
         }
@@ -438,15 +460,22 @@ public class CommitLogSource implements TableProvider {
       return k;
     }
 
-    /** "a.b.c.d:port", as the Python readers' socket.inet_ntop + the signed port. */
-    private int host(int off) {
+    /** "a.b.c.d:port" for the 8 host bytes at {@code off}, as the Python readers' socket.inet_ntop + the signed
+     * port; formatted once per distinct host (a store has few), kept in a small direct-mapped table. */
+    private byte[] host(int off) {
+      long raw = buf.getLong(off);
+      int slot = (int) (raw ^ (raw >>> 29) ^ (raw >>> 47)) & (HOST_SLOTS - 1);
+      byte[] known = hostText[slot];
+      if (known != null && hostRaw[slot] == raw) return known;
       int k = 0;
       for (int i = 0; i < 4; i++) {
         if (i > 0) text[k++] = '.';
         k = decimal(data[off + i] & 0xff, k);
       }
       text[k++] = ':';
-      return decimal(buf.getInt(off + 4), k);
+      k = decimal(buf.getInt(off + 4), k);
+      hostRaw[slot] = raw;
+      return hostText[slot] = Arrays.copyOf(text, k);
     }
 
     private void row(int r, int size) {
@@ -478,9 +507,9 @@ public class CommitLogSource implements TableProvider {
           case 9: c.putLong(r, buf.getLong(o + 20)); break;
           case 10: c.putInt(r, buf.getInt(o + 36)); break;
           case 11: c.putLong(r, buf.getLong(o + 40)); break;
-          case 12: c.putByteArray(r, text, 0, host(o + 48)); break;
+          case 12: putBytes(c, r, host(o + 48)); break;
           case 13: c.putLong(r, buf.getLong(o + 56)); break;
-          case 14: c.putByteArray(r, text, 0, host(o + 64)); break;
+          case 14: putBytes(c, r, host(o + 64)); break;
           case 15: c.putInt(r, buf.getInt(o + 72)); break;
           case 16: c.putLong(r, buf.getLong(o + 76)); break;
           case 17: c.putByteArray(r, data, b1 + 1, tlen); break;
@@ -526,6 +555,10 @@ public class CommitLogSource implements TableProvider {
       int m = s;
       while (m < e && data[m] != 1) m++;
       return m;
+    }
+
+    private static void putBytes(OnHeapColumnVector c, int r, byte[] bytes) {
+      c.putByteArray(r, bytes, 0, bytes.length);
     }
 
     private void property(OnHeapColumnVector c, int r, int p0, int p1, byte[] name) {

@@ -144,6 +144,14 @@ def jvm_reader_jar() -> str | None:
     return str(JVM_READER_JAR) if JVM_READER_JAR.is_file() else None
 
 
+def with_jvm_reader(settings: Mapping[str, str], jar: str | None) -> dict[str, str]:
+    """``settings`` with ``jar`` (the JVM commit-log reader, when built) added to the caller's ``spark.jars``."""
+    out = dict(settings)
+    if jar is not None:
+        out["spark.jars"] = ",".join(j for j in (out.get("spark.jars"), jar) if j)
+    return out
+
+
 def build_session(
     master: str | None = "local[*]",
     app_name: str = "trimq-audit",
@@ -163,9 +171,8 @@ def build_session(
     previous = {} if running else prepare_environment(master, temp_root)
     builder = SparkSession.builder
     settings = merge_conf(session_conf(master, temp_root, app_name), conf or {})
-    jar = jvm_reader_jar()
-    if jar is not None and not running:  # the JVM reader of clean segments (spark_jobs/jvm_reader.py), when built
-        settings["spark.jars"] = ",".join(j for j in (settings.get("spark.jars"), jar) if j)
+    if not running:  # under spark-submit the jars are its --jars
+        settings = with_jvm_reader(settings, jvm_reader_jar())
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -18,9 +18,11 @@ from audit_stores import (
     write_rocketmq_segments,
 )
 
+from trimq.spark_jobs import jvm_reader
 from trimq.spark_jobs.commitlog_source import FORMAT_NAME, register
-from trimq.spark_jobs.jvm_reader import jvm_reader_loaded, read_records, scan_segments
+from trimq.spark_jobs.jvm_reader import build_jar, jvm_reader_loaded, read_records, scan_segments
 from trimq.spark_jobs.parser import resolve_segments
+from trimq.spark_jobs.session import with_jvm_reader
 
 SPLIT = 4096  # several splits per test segment
 
@@ -97,3 +99,53 @@ def test_a_segment_the_jvm_cannot_vouch_for_goes_to_the_python_reader(spark, tmp
     assert False in flags and True in flags, flags
     mine = read_records(spark, str(root), split_size=SPLIT).collect()
     assert mine == python_rows(spark, root, False)
+
+
+def test_many_distinct_hosts_and_an_empty_store(spark, tmp_path: Path) -> None:
+    # more born hosts than the reader's host table has slots: each row still names its own
+    b = StoreBuilder(tmp_path / "hosts", segment_size=64 * 1024)
+    for i in range(150):
+        b.store("T", b"x" * 20, queue_id=i % 4, keys=f"k{i}", born_host=(f"10.0.{i // 50}.{i % 50}", 1000 + i))
+    root = b.close()
+    assert all(clean_flags(spark, root))
+    mine = read_records(spark, str(root), split_size=SPLIT).collect()
+    assert mine == python_rows(spark, root, False)
+    assert len({r["born_host"] for r in mine}) == 150
+    # a store whose segments hold no record: no rows, the record schema
+    empty = StoreBuilder(tmp_path / "empty").close()
+    frame = read_records(spark, str(empty), split_size=SPLIT)
+    assert frame.collect() == [] and frame.schema == spark.read.format(FORMAT_NAME).load(str(empty)).schema
+
+
+def test_a_segment_changed_after_the_scan_is_an_error_not_a_guess(spark, tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    build_clean_store(root)
+    frame = read_records(spark, str(root), split_size=SPLIT)  # the scan runs here
+    first = resolve_segments(str(root))[0]
+    with open(first, "r+b") as f:  # the first record's magic, gone
+        f.seek(4)
+        f.write(b"\0\0\0\0")
+    with pytest.raises(Exception, match="is not the regular record the scan found there"):
+        frame.collect()
+
+
+def test_without_a_jdk_the_build_says_what_is_missing_and_a_bad_source_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nojdk"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="no javac"):
+        build_jar(tmp_path / "x.jar")
+    monkeypatch.undo()
+    broken = tmp_path / "CommitLogSource.java"
+    broken.write_text("class Broken {")
+    monkeypatch.setattr(jvm_reader, "SOURCE_PATH", broken)
+    with pytest.raises(RuntimeError, match="javac failed"):
+        build_jar(tmp_path / "x.jar")
+    assert not (tmp_path / "x.jar").exists()
+
+
+def test_the_reader_jar_adds_to_a_users_jars() -> None:
+    assert with_jvm_reader({}, "/r.jar")["spark.jars"] == "/r.jar"
+    assert with_jvm_reader({"spark.jars": "/mine.jar", "x": "1"}, "/r.jar") == {"spark.jars": "/mine.jar,/r.jar",
+                                                                             "x": "1"}
+    assert with_jvm_reader({"spark.jars": "/mine.jar"}, None) == {"spark.jars": "/mine.jar"}

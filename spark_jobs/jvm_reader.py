@@ -39,7 +39,7 @@ from trimq.spark_jobs.commitlog_source import (
     read_planned,
     read_planned_where,
 )
-from trimq.spark_jobs.parser import DEFAULT_MAX_RECORD_SIZE, DEFAULT_SPLIT_SIZE, _sort_key, resolve_segments
+from trimq.spark_jobs.parser import DEFAULT_MAX_RECORD_SIZE, DEFAULT_SPLIT_SIZE, ordered_segments, resolve_segments
 from trimq.spark_jobs.session import JVM_READER_JAR
 
 __all__ = ["JAR_PATH", "JVM_SOURCE", "build_jar", "jvm_reader_loaded", "read_records", "scan_segments"]
@@ -107,7 +107,7 @@ def read_records(spark: Any, path: str, *, split_size: str | int = DEFAULT_SPLIT
     split_bytes = parse_size(split_size, "split size")
     options = {"splitSize": str(split_bytes), "includeBody": str(include_body).lower(),
                "maxRecordSize": str(max_record_size)}
-    files = sorted(dict.fromkeys(resolve_segments(path)), key=_sort_key)
+    files = ordered_segments(resolve_segments(path))
     # (the scan and the splits name files one per line)
     if not files or any("\n" in f for f in files) or not jvm_reader_loaded(spark):
         return read_planned(spark, CommitLogDataSource, path, **options)

@@ -280,6 +280,11 @@ def written_extent(path: str, size: int | None = None) -> int:
         os.close(fd)
 
 
+def ordered_segments(paths: Iterable[str]) -> list[str]:
+    """``paths`` without repeats, in the order the readers read them: by base offset (20-digit names), then by path."""
+    return sorted(dict.fromkeys(paths), key=_sort_key)
+
+
 def plan_splits(paths: Iterable[str], split_size: int = DEFAULT_SPLIT_SIZE) -> list[SegmentSplit]:
     """Cut the written part of each segment into ``split_size`` byte ranges; the last range of a file
     reaches the end of the file. Empty files get none; a file with no data gets one range.
@@ -294,7 +299,7 @@ def plan_splits(paths: Iterable[str], split_size: int = DEFAULT_SPLIT_SIZE) -> l
     """
     if split_size <= 0:
         raise ValueError(f"split size must be positive, got {split_size}")
-    files = sorted(dict.fromkeys(paths), key=_sort_key)
+    files = ordered_segments(paths)
     bases = []
     for p in files:
         name = os.path.basename(p)

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
-from trimq.broker.store.offset_merge import CommitVersion, decode_versions, encode_versions
+from trimq.broker.store.offset_merge import CommitVersion, decode_table, decode_versions, encode_versions
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
@@ -62,6 +62,11 @@ log = get_logger("trimq.broker.offsets")
 __all__ = ["ConsumerOffsetManager", "OffsetStoreError", "QueueProgress", "offset_file_path"]
 
 TOPIC_GROUP_SEPARATOR = "@"
+
+#: Removed queues remembered (with the version of their removal) for slaves that have not synced since: kept in the
+#: offset file, so a restarted master still tells a returning slave; past this many, the oldest are forgotten (a
+#: slave that missed one keeps that queue's offset, as RocketMQ's slaves keep every offset).
+REMOVED_OFFSETS_KEPT = 10_000
 
 
 class OffsetStoreError(ValueError):
@@ -162,7 +167,8 @@ class ConsumerOffsetManager:
         self._queue_changed: dict[tuple[str, int], int] = {}
         self._generation_changed: dict[str, int] = {}
         # Removed queues (a deleted group or topic), in serial order like _queue_changed, with the commit version
-        # they had: what a slave's offset round learns removals from (a queue stored again leaves both).
+        # of the removal: what a slave's offset round learns removals from (a queue stored again leaves both). Kept
+        # in the offset file too (``removedOffsetTable``), at most REMOVED_OFFSETS_KEPT of them.
         self._queue_removed: dict[tuple[str, int], int] = {}
         self._removed_versions: dict[tuple[str, int], CommitVersion] = {}
 
@@ -358,6 +364,9 @@ class ConsumerOffsetManager:
         self.local_changes.discard(queue)
         _mark(self._queue_removed, queue, self._next_serial())
         self._removed_versions[queue] = removed_version
+        while len(self._queue_removed) > REMOVED_OFFSETS_KEPT:
+            oldest = next(iter(self._queue_removed))  # serial order
+            del self._queue_removed[oldest], self._removed_versions[oldest]
         self._version += 1
 
     def _stored_again(self, queue: tuple[str, int]) -> None:
@@ -479,14 +488,21 @@ class ConsumerOffsetManager:
 
     def encode(self) -> dict[str, Any]:
         """The file content: RocketMQ's ``{"offsetTable": {"topic@group": {"<queueId>": offset}}}``, plus
-        ``"resetGenerationTable": {"topic@group": generation}`` once a reset happened, and the commit versions
-        (``commitVersionTable``, ``commitLockEpochTable``: broker/store/offset_merge.py)."""
+        ``"resetGenerationTable": {"topic@group": generation}`` once a reset happened, the commit versions
+        (``commitVersionTable``, ``commitLockEpochTable``: broker/store/offset_merge.py) and the queues removed
+        (``removedOffsetTable``, as in :meth:`encode_changes`). It is also the whole table a slave's sync gets, so a
+        slave learns a removal made while it was away, even across a restart of this broker."""
         doc: dict[str, Any] = {
             "offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self._table.items())}}
         if self._reset_generations:
             doc["resetGenerationTable"] = dict(sorted(self._reset_generations.items()))
         if self._commit_versions:
             doc.update(encode_versions(self._commit_versions.items()))
+        if self._removed_versions:
+            removed: dict[str, dict[str, list[int]]] = {}
+            for key, qid in sorted(self._removed_versions):
+                removed.setdefault(key, {})[str(qid)] = list(self._removed_versions[(key, qid)])
+            doc["removedOffsetTable"] = removed
         return doc
 
     def encode_changes(self, since_serial: int) -> dict[str, Any]:
@@ -571,8 +587,12 @@ class ConsumerOffsetManager:
         self.table_id = uuid.uuid4().hex
         self._queue_changed.clear()
         self._generation_changed.clear()
-        self._queue_removed.clear()
-        self._removed_versions.clear()
+        # removals of earlier lifetimes: serial 0, older than any serial a slave of this lifetime asks from (its
+        # first sync of this table is a whole one, which carries them), oldest first; malformed entries are skipped
+        removed = sorted(decode_table(data).removed.items(), key=lambda r: (r[1].sequence, r[0]))
+        removed = removed[-REMOVED_OFFSETS_KEPT:]
+        self._queue_removed = {q: 0 for q, _ in removed}
+        self._removed_versions = dict(removed)
         self._version = self._persisted_version = 0
         n = sum(len(v) for v in loaded.values())
         log.info("offset.loaded", file=self.path, groups_topics=len(loaded), queues=n)

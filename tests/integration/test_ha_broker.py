@@ -66,6 +66,18 @@ async def master_and_synced_slave(broker_factory: Callable[..., Any], **slave_ex
         yield master, slave, sync
 
 
+@asynccontextmanager
+async def master_and_synced_slave_of(broker_factory: Callable[..., Any], master: Broker, **slave_extra: Any
+                                     ) -> AsyncIterator[tuple[Broker, Any]]:
+    """:func:`master_and_synced_slave` for a master already running: (slave, the slave's sync)."""
+    async with broker_factory(**slave_settings(master), **slave_extra) as slave:
+        sync = slave.ha_controller.sync
+        with trio.fail_after(10):
+            while sync.syncs == 0:
+                await trio.sleep(0.01)
+        yield slave, sync
+
+
 async def caught_up(master: Broker, slave: Broker) -> None:
     with trio.fail_after(10):
         while not slave.ha_controller.client.connected or \
@@ -214,6 +226,27 @@ async def test_a_group_deleted_on_the_master_loses_its_offsets_on_the_slave_too(
             "offsetTable": {}, "removedOffsetTable": {"Orders@keep": {"1": [9, 9, 2**40]}}})
         assert r.code == ResponseCode.SUCCESS and r.ext["merged"] == 0, r.remark
         assert master.offset_manager.query_offset("keep", "Orders", 1) == 2
+
+
+async def test_a_group_deleted_while_the_slave_was_away_and_the_master_restarted_since_is_removed_on_its_return(
+        broker_factory: Callable[..., Any], rclient: RemotingClient, tmp_path: Any) -> None:
+    # The restarted master's table is a new one, so the returning slave's first sync gets it whole: before the
+    # removals were kept in the offset file, that table did not say the group was deleted and the slave kept (and,
+    # once promoted, served) its offsets.
+    m_dir, s_dir = str(tmp_path / "m"), str(tmp_path / "s")
+    slave_extra = {"store_dir": s_dir, "slave_offset_sync_interval_ms": 0}
+    async with broker_factory(store_dir=m_dir) as master:
+        async with master_and_synced_slave_of(broker_factory, master, **slave_extra) as (slave, sync):
+            await group_and_offset_on(rclient, master, offset=4)
+            assert await sync.sync_offsets(rclient)
+            assert slave.offset_manager.query_offset("cg", "Orders", 1) == 4
+        r = await call(rclient, master.address, RC.DELETE_SUBSCRIPTIONGROUP, {"groupName": "cg", "removeOffset": True})
+        assert r.code == ResponseCode.SUCCESS, r.remark
+    async with broker_factory(store_dir=m_dir) as master:
+        assert master.offset_manager.query_offset("cg", "Orders", 1) == -1
+        async with master_and_synced_slave_of(broker_factory, master, **slave_extra) as (slave, sync):
+            assert slave.offset_manager.query_offset("cg", "Orders", 1) == -1
+            assert sync.offset_table_seen is not None and sync.offset_table_seen[0] == master.offset_manager.table_id
 
 
 async def test_offset_rounds_after_a_bad_answer_and_with_a_master_from_before_the_changes_form(

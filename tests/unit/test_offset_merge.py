@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trimq.broker.store import offsets as offsets_module
 from trimq.broker.store.offset_merge import (
     CommitVersion,
     decode_table,
@@ -308,8 +309,9 @@ def test_a_removal_on_the_master_reaches_the_slave_unless_the_slave_committed_si
     assert push is not None and push["offsetTable"] == {KEY: {"2": 30}}  # handed back as any newer commit
     # what the slave removed is a removal in its own changes too (a slave promoted later serves them)
     assert set(slave.encode_changes(0).get("removedOffsetTable", {}).get(KEY, {})) == {"0", "1"}
-    # the same changes again, or a whole table (which carries no removals), change nothing
+    # the same changes again, or the whole table (which carries the removals too), change nothing
     assert merge_and_hand_back(slave, master.encode_changes(seen))[0] == 0
+    assert merge_and_hand_back(slave, master.encode())[0] == 0
     # a queue stored again leaves the removals: its change is what the slave learns
     seen = master.change_serial
     clock.ms += 1_000
@@ -333,6 +335,56 @@ def test_a_removal_reaches_only_what_is_no_newer_than_the_removed_version_and_ma
     assert om.queue_offsets(G, T) == {1: 5, 2: 5}
     # a queue both listed and removed (a malformed body) is taken as listed
     assert decode_table({"offsetTable": {KEY: {"1": 6}}, "removedOffsetTable": {KEY: {"1": [9, 9, 9]}}}).removed == {}
+
+
+def test_removals_are_kept_in_the_file_so_a_restarted_master_still_tells_a_slave_that_was_away(tmp_path: Any) -> None:
+    # RocketMQ's slave keeps a deleted group's offsets for good; before removals reached the offset file, a master
+    # restarted after the deletion answered a returning slave's whole-table sync without them, with the same effect
+    path = str(tmp_path / "consumerOffset.json")
+    clock = Clock(1_000_000)
+    master = ConsumerOffsetManager(path, now_ms=clock)
+    slave = ConsumerOffsetManager(now_ms=clock)
+    for q in range(2):
+        commit(master, q, 10 + q)
+    assert master.commit_offset("keep", T, 0, 4, "c", source="update")
+    sync(master, slave)
+    clock.ms += 1_000
+    assert master.remove_offsets(G, T) == 2
+    master.persist()
+    restarted = ConsumerOffsetManager(path, now_ms=clock)
+    assert restarted.load() == 1
+    whole = restarted.encode()
+    assert set(whole["removedOffsetTable"][KEY]) == {"0", "1"} and whole == master.encode()
+    # the slave's first sync with the restarted master is a whole one: it removes the group's queues
+    assert merge_and_hand_back(slave, whole) == (2, None)
+    assert slave.queue_offsets(G, T) == {} and slave.queue_offsets("keep", T) == {0: 4}
+    # the loaded removals are no change of this lifetime: not in the changes since its first serial
+    assert "removedOffsetTable" not in restarted.encode_changes(0)
+    # a queue stored again is no longer removed, in memory and in the file
+    commit(restarted, 1, 2)
+    restarted.persist()
+    again = ConsumerOffsetManager(path, now_ms=clock)
+    again.load()
+    assert set(again.encode()["removedOffsetTable"][KEY]) == {"0"} and again.queue_offsets(G, T) == {1: 2}
+
+
+def test_the_oldest_removals_are_forgotten_past_the_limit(tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(offsets_module, "REMOVED_OFFSETS_KEPT", 3)
+    path = str(tmp_path / "consumerOffset.json")
+    clock = Clock(1_000_000)
+    om = ConsumerOffsetManager(path, now_ms=clock)
+    for q in range(5):
+        commit(om, q, 1)
+    for q in range(5):  # one removal per millisecond, queue 0 first
+        clock.ms += 1
+        assert om.drop_entry((KEY, q))
+    assert set(om.encode()["removedOffsetTable"][KEY]) == {"2", "3", "4"}
+    assert set(om.encode_changes(0)["removedOffsetTable"][KEY]) == {"2", "3", "4"}
+    om.persist()
+    monkeypatch.setattr(offsets_module, "REMOVED_OFFSETS_KEPT", 2)  # a file from a broker that kept more
+    loaded = ConsumerOffsetManager(path, now_ms=clock)
+    loaded.load()
+    assert set(loaded.encode()["removedOffsetTable"][KEY]) == {"3", "4"}  # the newest removals
 
 
 def test_a_reloaded_table_has_a_new_id(tmp_path: Any) -> None:

@@ -36,7 +36,7 @@ still reads every version (and merges by generation and sequence, as it did).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -168,6 +168,14 @@ def decode_table(body: Any) -> DecodedTable:
             if version is None:  # a table without versions (RocketMQ's, or older)
                 version = CommitVersion(generations.get(key, 0), 0, 0)
             out.entries[(key, qid)] = (offset, version)
+    out.removed = decode_removed(body, out.entries)
+    return out
+
+
+def decode_removed(body: dict[str, Any], listed: Container[QueueKey]) -> dict[QueueKey, CommitVersion]:
+    """A body's ``removedOffsetTable``: queue -> the version of its removal. Malformed entries are skipped, and so
+    are queues in ``listed`` (the body's own offsets: a queue both listed and removed is taken as listed)."""
+    out: dict[QueueKey, CommitVersion] = {}
     removed = body.get("removedOffsetTable")
     for key, queues in (removed.items() if isinstance(removed, dict) else ()):
         key = str(key)
@@ -175,9 +183,17 @@ def decode_table(body: Any) -> DecodedTable:
             continue
         for q, v in queues.items():
             if str(q).isdigit() and isinstance(v, list | tuple) and len(v) == 3 and all(_nat(x) for x in v) \
-                    and (key, int(q)) not in out.entries:
-                out.removed[(key, int(q))] = CommitVersion(*v)
+                    and (key, int(q)) not in listed:
+                out[(key, int(q))] = CommitVersion(*v)
     return out
+
+
+def encode_removed(removed: Iterable[tuple[QueueKey, CommitVersion]]) -> dict[str, dict[str, list[int]]]:
+    """:func:`decode_removed`'s inverse: ``{"topic@group": {"<queueId>": [generation, lockEpoch, sequence]}}``."""
+    table: dict[str, dict[str, list[int]]] = {}
+    for (key, qid), version in sorted(removed):
+        table.setdefault(key, {})[str(qid)] = list(version)
+    return table
 
 
 def merge_tables(local: dict[QueueKey, tuple[int, CommitVersion]], remote: dict[QueueKey, tuple[int, CommitVersion]],

@@ -53,7 +53,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from trimq.broker.store.atomic import read_json, write_json_atomic
-from trimq.broker.store.offset_merge import CommitVersion, decode_table, decode_versions, encode_versions
+from trimq.broker.store.offset_merge import (
+    CommitVersion,
+    decode_removed,
+    decode_versions,
+    encode_removed,
+    encode_versions,
+)
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 
@@ -499,10 +505,7 @@ class ConsumerOffsetManager:
         if self._commit_versions:
             doc.update(encode_versions(self._commit_versions.items()))
         if self._removed_versions:
-            removed: dict[str, dict[str, list[int]]] = {}
-            for key, qid in sorted(self._removed_versions):
-                removed.setdefault(key, {})[str(qid)] = list(self._removed_versions[(key, qid)])
-            doc["removedOffsetTable"] = removed
+            doc["removedOffsetTable"] = encode_removed(self._removed_versions.items())
         return doc
 
     def encode_changes(self, since_serial: int) -> dict[str, Any]:
@@ -521,11 +524,9 @@ class ConsumerOffsetManager:
         versions = [(q, self._commit_versions[q]) for q in queues if q in self._commit_versions]
         if versions:
             doc.update(encode_versions(versions))
-        removed: dict[str, dict[str, list[int]]] = {}
-        for key, qid in sorted(_changed_since(self._queue_removed, since_serial)):
-            removed.setdefault(key, {})[str(qid)] = list(self._removed_versions[(key, qid)])
+        removed = _changed_since(self._queue_removed, since_serial)
         if removed:
-            doc["removedOffsetTable"] = removed
+            doc["removedOffsetTable"] = encode_removed((q, self._removed_versions[q]) for q in removed)
         return doc
 
     def snapshot(self) -> tuple[int, dict[str, Any]]:
@@ -589,7 +590,8 @@ class ConsumerOffsetManager:
         self._generation_changed.clear()
         # removals of earlier lifetimes: serial 0, older than any serial a slave of this lifetime asks from (its
         # first sync of this table is a whole one, which carries them), oldest first; malformed entries are skipped
-        removed = sorted(decode_table(data).removed.items(), key=lambda r: (r[1].sequence, r[0]))
+        listed = {(k, q) for k, queues in loaded.items() for q in queues}
+        removed = sorted(decode_removed(data, listed).items(), key=lambda r: (r[1].sequence, r[0]))
         removed = removed[-REMOVED_OFFSETS_KEPT:]
         self._queue_removed = {q: 0 for q, _ in removed}
         self._removed_versions = dict(removed)

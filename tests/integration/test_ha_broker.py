@@ -57,19 +57,16 @@ async def master_and_synced_slave(broker_factory: Callable[..., Any], **slave_ex
                                   ) -> AsyncIterator[tuple[Broker, Broker, Any]]:
     """A master and its slave with no offset rounds of their own (the test drives them), once the slave has had the
     full sync its handshake brings (the next one is 10 s away): (master, slave, the slave's sync)."""
-    async with broker_factory() as master, broker_factory(**slave_settings(master), slave_offset_sync_interval_ms=0,
-                                                          **slave_extra) as slave:
-        sync = slave.ha_controller.sync
-        with trio.fail_after(10):
-            while sync.syncs == 0:
-                await trio.sleep(0.01)
+    async with broker_factory() as master, \
+            master_and_synced_slave_of(broker_factory, master, slave_offset_sync_interval_ms=0,
+                                       **slave_extra) as (slave, sync):
         yield master, slave, sync
 
 
 @asynccontextmanager
 async def master_and_synced_slave_of(broker_factory: Callable[..., Any], master: Broker, **slave_extra: Any
                                      ) -> AsyncIterator[tuple[Broker, Any]]:
-    """:func:`master_and_synced_slave` for a master already running: (slave, the slave's sync)."""
+    """The slave of a running master, once it has had the full sync its handshake brings: (slave, its sync)."""
     async with broker_factory(**slave_settings(master), **slave_extra) as slave:
         sync = slave.ha_controller.sync
         with trio.fail_after(10):

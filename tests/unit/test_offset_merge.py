@@ -6,6 +6,7 @@ wire form (encode / GET_ALL_CONSUMER_OFFSET body) as the brokers do."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from hypothesis import given, settings
@@ -366,6 +367,20 @@ def test_removals_are_kept_in_the_file_so_a_restarted_master_still_tells_a_slave
     again = ConsumerOffsetManager(path, now_ms=clock)
     again.load()
     assert set(again.encode()["removedOffsetTable"][KEY]) == {"0"} and again.queue_offsets(G, T) == {1: 2}
+
+
+def test_malformed_removals_in_the_offset_file_are_skipped_at_load(tmp_path: Any) -> None:
+    path = tmp_path / "consumerOffset.json"
+    path.write_text(json.dumps({"offsetTable": {KEY: {"1": 6}}, "removedOffsetTable": {
+        KEY: {"0": [0, 2, 100], "1": [9, 9, 9], "2": [0, 2], "3": [-1, 0, 5], "x": [0, 0, 1]},
+        "nokey": {"0": [0, 0, 1]}, f"Bad@{G}": "not a map"}}))
+    om = ConsumerOffsetManager(str(path))
+    assert om.load() == 1
+    # queue 1 is listed, so not removed; the others are malformed: only queue 0's removal is kept
+    assert om.encode()["removedOffsetTable"] == {KEY: {"0": [0, 2, 100]}}
+    assert om.queue_offsets(G, T) == {1: 6}
+    path.write_text(json.dumps({"offsetTable": {}, "removedOffsetTable": ["not", "a", "map"]}))
+    assert om.load() == 0 and "removedOffsetTable" not in om.encode()
 
 
 def test_the_oldest_removals_are_forgotten_past_the_limit(tmp_path: Any, monkeypatch: Any) -> None:

@@ -69,9 +69,13 @@ _HEADER = struct.Struct(">qqqqii")
 _ENTRY = struct.Struct(">iqii")
 _SLOT = struct.Struct(">i")
 _MASK = 0xFFFFFFFF
-_KEY_TAIL = 12  # a UNIQ_KEY's varying part: milliseconds since the start of the month and a counter, in hex
-_KEY_HEAD_MIN = 24  # keys longer than this hash their head once (cached) and their tail each time
-_HEAD_CACHE_MAX = 10_000  # heads remembered (producers x topics); the cache starts again when full
+_KEY_COUNTER = 4  # a UNIQ_KEY ends in a counter of 4 hex digits; before it, the ms of the month and the process
+_KEY_HEAD_MIN = 24  # keys longer than this hash their head once (cached) and their last 4 characters each time
+_HEAD_CACHE_MAX = 100_000  # heads remembered (a producer's head changes each ms); the cache starts again when full
+_POW31_COUNTER = 31**_KEY_COUNTER
+_COUNTER_TABLE_MAX = 1 << 17  # hashes of 4-character key ends (65,536 for a UNIQ_KEY's hex counter)
+_COUNTER_HASHES: dict[str, int] = {}  # "00A7" -> String.hashCode("00A7"): ASCII ends only
+_NO_TAILS: dict[str, int] = {}
 _INT_MAX = 0x7FFFFFFF
 
 #: What indexing a record needs: (topic, commit-log offset, store timestamp, sys flag, KEYS, UNIQ_KEY).
@@ -218,49 +222,63 @@ class IndexFile:
         return self.put_hashes((key_hash,), phy_offset, store_timestamp) == 1
 
     def put_hashes(self, key_hashes: Sequence[int], phy_offset: int, store_timestamp: int) -> int:
-        """:meth:`put_hash` for each of one record's key hashes, in order, with the header in locals; returns how
-        many were written before the file was full."""
+        """:meth:`put_hash` for each of one record's key hashes, in order; returns how many were written before
+        the file was full."""
+        return self.put_entries([(key_hash, phy_offset, store_timestamp) for key_hash in key_hashes])
+
+    def put_entries(self, entries: Sequence[tuple[int, int, int]]) -> int:
+        """Append ``(key hash, phy offset, store timestamp)`` entries in order (RocketMQ's putKey from ``keyHash``
+        on, for each), with the header in locals; returns how many were written before the file was full."""
         index_num = self.index_num
         h = self.header
         count = h.index_count
-        if count >= index_num or not key_hashes:
+        if count >= index_num or not entries:
             return 0
         mm = self.mm
         slot_num = self.hash_slot_num
         entries_at = self._entries_at
         begin_timestamp = h.begin_timestamp
         slot_count = h.hash_slot_count
+        slot_unpack = _SLOT.unpack_from
+        slot_pack = _SLOT.pack_into
+        entry_pack = _ENTRY.pack_into
         n = 0
-        for key_hash in key_hashes:
+        phy_offset = store_timestamp = 0
+        for key_hash, phy_offset, store_timestamp in entries:
             if count >= index_num:
                 break
             abs_slot = INDEX_HEADER_SIZE + (key_hash % slot_num) * HASH_SLOT_SIZE
-            (slot_value,) = _SLOT.unpack_from(mm, abs_slot)
+            (slot_value,) = slot_unpack(mm, abs_slot)
             if slot_value <= INVALID_INDEX or slot_value > count:
                 slot_value = INVALID_INDEX
-            first = count <= 1
-            # RocketMQ measures the first entry of a file against the begin time it inherited from the previous
-            # file and then moves the begin time to this entry: its time would read later than it is. trimq
-            # measures it against the begin time it is about to get (0 s), the same for a fresh store.
-            if first or begin_timestamp <= 0:
+                slot_count += 1
+            if count <= 1:
+                # RocketMQ measures the first entry of a file against the begin time it inherited from the
+                # previous file and then moves the begin time to this entry: its time would read later than it
+                # is. trimq measures it against the begin time it is about to get (0 s), the same for a fresh
+                # store.
                 time_diff = 0
-            else:
-                time_diff = min(max((store_timestamp - begin_timestamp) // 1000, 0), _INT_MAX)
-            _ENTRY.pack_into(mm, entries_at + count * INDEX_SIZE, key_hash, phy_offset, time_diff, slot_value)
-            _SLOT.pack_into(mm, abs_slot, count)
-            if first:
                 h.begin_phy_offset = phy_offset
                 begin_timestamp = store_timestamp
-            if slot_value == INVALID_INDEX:
-                slot_count += 1
+            elif begin_timestamp <= 0:
+                time_diff = 0
+            else:
+                time_diff = (store_timestamp - begin_timestamp) // 1000
+                if time_diff < 0:
+                    time_diff = 0
+                elif time_diff > _INT_MAX:
+                    time_diff = _INT_MAX
+            entry_pack(mm, entries_at + count * INDEX_SIZE, key_hash, phy_offset, time_diff, slot_value)
+            slot_pack(mm, abs_slot, count)
             count += 1
             n += 1
-        h.begin_timestamp = begin_timestamp
-        h.hash_slot_count = slot_count
-        h.index_count = count
-        h.end_phy_offset = phy_offset
-        h.end_timestamp = store_timestamp
-        self.dirty = self.header_dirty = True
+        if n:
+            h.begin_timestamp = begin_timestamp
+            h.hash_slot_count = slot_count
+            h.index_count = count
+            h.end_phy_offset = phy_offset
+            h.end_timestamp = store_timestamp
+            self.dirty = self.header_dirty = True
         return n
 
     def sync_header(self) -> None:
@@ -347,10 +365,11 @@ class IndexService:
         self._flushing = 0  # flush threads running: deleted files are closed once none is
         self._retired: list[IndexFile] = []
         self._topic_hashes: dict[str, tuple[int, str]] = {}
-        # Hash of "topic#" + a long key's head (all but its last _KEY_TAIL characters), by (topic hash, head).
-        # A producer's UNIQ_KEYs share their first 20 hex digits (ip, pid, random), so most keys hash only their
-        # 12-digit tail (time and counter).
-        self._head_hashes: dict[tuple[int, bytes], int] = {}
+        # Hash of "topic#" + a long key's head (all but its last 4 characters), by topic hash, then head. A
+        # producer's UNIQ_KEYs of one millisecond differ only in their 4-digit counter, so most keys cost two
+        # dict lookups and one multiply-add.
+        self._heads_by_topic: dict[int, dict[str, int]] = {}
+        self._head_count = 0
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -479,46 +498,89 @@ class IndexService:
 
     def build_index_batch(self, records: Iterable[IndexRecord]) -> tuple[int, int]:
         """:meth:`build_index` for each record, in commit-log order, in one loop (the index is the broker's
-        largest cost per message after the append). Returns (records indexed, entries written)."""
+        largest cost per message after the append). Returns (records indexed, entries written).
+
+        The keys are hashed first, into one list of entries for the whole batch, then written with
+        :meth:`IndexFile.put_entries` (the file's header in locals once per batch, not once per record)."""
         files = self.files
-        indexed = written = 0
+        # Records older than the newest file's end are skipped (indexed before a restart). A file created
+        # below for a full one starts at that one's end, so the bound holds for the whole batch.
+        floor = files[-1].header.end_phy_offset if files else 0
+        entries: list[tuple[int, int, int]] = []
+        add = entries.append
+        indexed = 0
+        key_hash = self._key_hash
+        last_topic: str | None = None
+        prefix_hash, prefix, tails = -1, "", _NO_TAILS
         for topic, phy_offset, store_timestamp, sys_flag, keys, uniq_key in records:
-            if sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_ROLLBACK_TYPE:
+            if sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_ROLLBACK_TYPE or phy_offset < floor:
                 continue
-            words = keys_of(keys, uniq_key)
-            if not words:  # (RocketMQ creates the first file even then; an index of nothing needs no file)
-                continue
-            f = files[-1] if files and files[-1].header.index_count < self.index_num else self._last_file()
-            if phy_offset < f.header.end_phy_offset:
-                continue
-            prefix_hash, prefix = self._topic_prefix(topic)
-            hashes = [self._key_hash(prefix_hash, prefix, word) for word in words]
-            done = f.put_hashes(hashes, phy_offset, store_timestamp)
-            while done < len(hashes):
-                log.warning("index.file_full", file=f.path.name, index_count=f.header.index_count)
-                f = self._last_file()
-                done += f.put_hashes(hashes[done:], phy_offset, store_timestamp)
-            indexed += 1
-            written += done
-        return indexed, written
+            if topic is not last_topic:
+                prefix_hash, prefix = self._topic_prefix(topic)
+                tails = self._tail_hashes(prefix_hash)
+                last_topic = topic
+            written = len(entries)
+            if uniq_key is not None:
+                # The common case inline: a UNIQ_KEY's hash is its cached head's carried over its last 4
+                # characters (the counter), looked up in a table; see _key_hash for the rest.
+                h = tails.get(uniq_key[:-_KEY_COUNTER]) if len(uniq_key) > _KEY_HEAD_MIN else None
+                c = _COUNTER_HASHES.get(uniq_key[-_KEY_COUNTER:]) if h is not None else None
+                if c is None:
+                    h = key_hash(prefix_hash, prefix, uniq_key)
+                else:
+                    h = (h * _POW31_COUNTER + c) & _MASK
+                    if h > _INT_MAX:
+                        h = (0x100000000 - h) & _INT_MAX  # Math.abs of the int32; MIN_VALUE -> 0
+                add((h, phy_offset, store_timestamp))
+            if keys:
+                for word in keys.split(KEY_SEPARATOR):
+                    if word:
+                        add((key_hash(prefix_hash, prefix, word), phy_offset, store_timestamp))
+            if len(entries) > written:
+                indexed += 1
+        if not entries:
+            return indexed, 0
+        f = files[-1] if files and files[-1].header.index_count < self.index_num else self._last_file()
+        done = f.put_entries(entries)
+        while done < len(entries):
+            log.warning("index.file_full", file=f.path.name, index_count=f.header.index_count)
+            f = self._last_file()
+            done += f.put_entries(entries[done:] if done else entries)
+        return indexed, done
+
+    def _tail_hashes(self, prefix_hash: int) -> dict[str, int]:
+        """The topic's cache of hashes of ``topic#`` + a long key's head (all but its last 4 characters)."""
+        tails = self._heads_by_topic.get(prefix_hash)
+        if tails is None:
+            tails = self._heads_by_topic[prefix_hash] = {}
+        return tails
 
     def _key_hash(self, prefix_hash: int, prefix: str, word: str) -> int:
         """``index_key_hash(prefix + word)``, carried on from the prefix's hash (-1: not ASCII). A long key's head
-        is hashed once (``_head_hashes``) and only its tail each time."""
+        (all but its last 4 characters: a UNIQ_KEY's counter) is hashed once per topic and remembered in
+        ``_heads_by_topic``, its last 4 characters through a table (``_COUNTER_HASHES``)."""
         if prefix_hash < 0 or not word.isascii():
             return index_key_hash(prefix + word)
-        data = word.encode()
-        if len(data) > _KEY_HEAD_MIN:
-            head_key = (prefix_hash, data[:-_KEY_TAIL])
-            head_hash = self._head_hashes.get(head_key)
+        if len(word) > _KEY_HEAD_MIN:
+            tails = self._tail_hashes(prefix_hash)
+            head = word[:-_KEY_COUNTER]
+            head_hash = tails.get(head)
             if head_hash is None:
-                head_hash = _ascii_hash(head_key[1], prefix_hash) & _MASK
-                if len(self._head_hashes) >= _HEAD_CACHE_MAX:
-                    self._head_hashes.clear()  # producers come and go: start again rather than keep stale heads
-                self._head_hashes[head_key] = head_hash
-            h = _ascii_hash(data[-_KEY_TAIL:], head_hash) & _MASK
+                if self._head_count >= _HEAD_CACHE_MAX:
+                    for cached in self._heads_by_topic.values():
+                        cached.clear()  # producers come and go, a UNIQ_KEY's head each ms: start again
+                    self._head_count = 0
+                head_hash = tails[head] = _ascii_hash(head.encode(), prefix_hash) & _MASK
+                self._head_count += 1
+            tail = word[-_KEY_COUNTER:]
+            c = _COUNTER_HASHES.get(tail)
+            if c is None:
+                c = _ascii_hash(tail.encode())
+                if len(_COUNTER_HASHES) < _COUNTER_TABLE_MAX:
+                    _COUNTER_HASHES[tail] = c
+            h = (head_hash * _POW31_COUNTER + c) & _MASK
         else:
-            h = _ascii_hash(data, prefix_hash) & _MASK
+            h = _ascii_hash(word.encode(), prefix_hash) & _MASK
         h = h - 0x100000000 if h > _INT_MAX else h
         return 0 if h == -0x80000000 else abs(h)
 

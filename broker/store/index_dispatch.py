@@ -58,6 +58,10 @@ _I16 = struct.Struct(">h")
 _I64 = struct.Struct(">q")
 _STOREHOST_V6 = 0x20
 _MARKERS = (b"KEYS\x01", b"UNIQ_KEY\x01")
+_KEYS = MessageConst.KEYS
+_UNIQ_KEY = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+_KEYS_NAME = _KEYS + "\x01"
+_UNIQ_KEY_NAME = _UNIQ_KEY + "\x01"
 
 
 class LogSource(Protocol):
@@ -218,8 +222,10 @@ class IndexDispatcher:
                 continue
             if data is not None and offset < cl.max_offset:
                 topic, store_ts, sys_flag, props = data
-                batch.append((topic, offset, store_ts, sys_flag, get_property(props, MessageConst.KEYS),
-                              get_property(props, MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)))
+                # (most records carry a UNIQ_KEY and no KEYS: a substring test spares the second lookup)
+                batch.append((topic, offset, store_ts, sys_flag,
+                              get_property(props, _KEYS) if _KEYS_NAME in props else None,
+                              get_property(props, _UNIQ_KEY) if _UNIQ_KEY_NAME in props else None))
             else:
                 self._index_batch(batch)
                 self._index_at(cl, offset)

@@ -126,6 +126,7 @@ def test_long_keys_hashed_from_a_cached_head_give_rocketmqs_entries(tmp_path: Pa
     monkeypatch.setattr(index_mod, "_HEAD_CACHE_MAX", 3)  # 10 heads (5 producers x 2 topics): it fills and restarts
     producers = ["7F00000112AB" + f"{p:08X}" for p in range(5)]
     words = [producers[i % 5] + f"{i * 7919:08X}{i:04X}" for i in range(40)]  # 32 hex digits, 5 heads
+    words += [producers[0] + f"{i // 7:08X}{i * 4099 % 65536:04X}" for i in range(40)]  # heads shared by a ms
     words += ["k" * 24, "k" * 25, "x" * 65, "q" * 300, "é" * 30, "key-1", "ORDER_1001 ORDER_1002"]
     clock = [T0]
     svc = service(tmp_path / "index", clock, slots=97, entries=200)
@@ -138,11 +139,37 @@ def test_long_keys_hashed_from_a_cached_head_give_rocketmqs_entries(tmp_path: Pa
         assert n == len(expected)
         for key in expected:
             assert plain.put_key(build_key(topic, key), i * 100, T0 + i)
-    assert 0 < len(svc._head_hashes) <= 3
+    assert 0 < svc._head_count <= 3 and sum(map(len, svc._heads_by_topic.values())) == svc._head_count
     svc.files[-1].sync_header()
     plain.sync_header()
     assert svc.files[-1].mm[:] == plain.mm[:]
     assert svc.query_offset("Orders", words[39], 10, 0, 2**62).phy_offsets == [3900]
+    svc.close()
+    plain.close()
+
+
+def test_a_batch_of_unique_keys_sharing_heads_gives_rocketmqs_entries(tmp_path: Path) -> None:
+    """build_index_batch's inline path (a UNIQ_KEY whose head is cached: its 4-digit counter from a table) writes
+    what putKey of the whole "topic#key" writes, for every counter value's hash (negative ones included) and
+    with KEYS words after the UNIQ_KEY, across batches and topics."""
+    clock = [T0]
+    svc = service(tmp_path / "index", clock, slots=1009, entries=5000)
+    plain = IndexFile(tmp_path / "plain", 1009, 5000)
+    head = "7F00000112AB5EED0001" + "0A1B2C3D"
+    records: list[tuple[str, int, int, int, str | None, str | None]] = []
+    for i in range(3000):
+        topic = ("T", "Orders", "é")[i % 3]
+        uniq = head + f"{i * 22 % 65536:04X}"
+        keys = f"ORDER_{i} ORDER_{i // 2}" if i % 5 == 0 else None
+        records.append((topic, 100 + i * 50, T0 + i, 0, keys, uniq))
+    for at in range(0, len(records), 97):
+        svc.build_index_batch(records[at:at + 97])
+    for topic, offset, ts, _flag, keys, uniq in records:
+        for key in keys_of(keys, uniq):
+            assert plain.put_key(build_key(topic, key), offset, ts)
+    svc.files[-1].sync_header()
+    plain.sync_header()
+    assert svc.files[-1].mm[:] == plain.mm[:]
     svc.close()
     plain.close()
 

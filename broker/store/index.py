@@ -116,6 +116,17 @@ def _make_pairs() -> list[int]:
     return _PAIRS
 
 
+def _counter_hash(tail: str) -> int | None:
+    """``String.hashCode`` of a key's last 4 characters, remembered in ``_COUNTER_HASHES``; None unless ASCII."""
+    if not tail.isascii():
+        return None
+    b = tail.encode()
+    c: int = b[0] * 29791 + b[1] * 961 + b[2] * 31 + b[3]
+    if len(_COUNTER_HASHES) < _COUNTER_TABLE_MAX:
+        _COUNTER_HASHES[tail] = c
+    return c
+
+
 def java_string_hash(s: str) -> int:
     """Java's ``String.hashCode``: ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 code units, as a signed int32."""
     if s.isascii():
@@ -524,7 +535,9 @@ class IndexService:
                 # The common case inline: a UNIQ_KEY's hash is its cached head's carried over its last 4
                 # characters (the counter), looked up in a table; see _key_hash for the rest.
                 h = tails.get(uniq_key[:-_KEY_COUNTER]) if len(uniq_key) > _KEY_HEAD_MIN else None
-                c = _COUNTER_HASHES.get(uniq_key[-_KEY_COUNTER:]) if h is not None else None
+                c = None
+                if h is not None:
+                    c = _COUNTER_HASHES.get(uniq_key[-_KEY_COUNTER:]) or _counter_hash(uniq_key[-_KEY_COUNTER:])
                 if c is None:
                     h = key_hash(prefix_hash, prefix, uniq_key)
                 else:
@@ -573,12 +586,8 @@ class IndexService:
                 head_hash = tails[head] = _ascii_hash(head.encode(), prefix_hash) & _MASK
                 self._head_count += 1
             tail = word[-_KEY_COUNTER:]
-            c = _COUNTER_HASHES.get(tail)
-            if c is None:
-                c = _ascii_hash(tail.encode())
-                if len(_COUNTER_HASHES) < _COUNTER_TABLE_MAX:
-                    _COUNTER_HASHES[tail] = c
-            h = (head_hash * _POW31_COUNTER + c) & _MASK
+            c = _COUNTER_HASHES.get(tail) or _counter_hash(tail)
+            h = (head_hash * _POW31_COUNTER + (c or 0)) & _MASK
         else:
             h = _ascii_hash(word.encode(), prefix_hash) & _MASK
         h = h - 0x100000000 if h > _INT_MAX else h

@@ -164,9 +164,9 @@ def test_a_batch_of_unique_keys_sharing_heads_gives_rocketmqs_entries(tmp_path: 
         records.append((topic, 100 + i * 50, T0 + i, 0, keys, uniq))
     for at in range(0, len(records), 97):
         svc.build_index_batch(records[at:at + 97])
-    for topic, offset, ts, _flag, keys, uniq in records:
-        for key in keys_of(keys, uniq):
-            assert plain.put_key(build_key(topic, key), offset, ts)
+    for rec_topic, offset, ts, _flag, rec_keys, rec_uniq in records:
+        for key in keys_of(rec_keys, rec_uniq):
+            assert plain.put_key(build_key(rec_topic, key), offset, ts)
     svc.files[-1].sync_header()
     plain.sync_header()
     assert svc.files[-1].mm[:] == plain.mm[:]

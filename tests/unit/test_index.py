@@ -102,6 +102,26 @@ def test_long_and_odd_keys_hash_as_java() -> None:
         assert java_string_hash(key) == (expected - 2**32 if expected >= 2**31 else expected)
 
 
+def test_load_builds_the_pair_table_before_the_first_dispatch(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The byte-pair table of the hash (65,536 entries) is built when the broker loads its index, not by the first
+    dispatch, which held up the first windows' sends behind it (issue 22); every entry is 31 * first + second."""
+    import sys
+
+    from trimq.broker.store import index
+
+    monkeypatch.setattr(index, "_PAIRS", [])
+    IndexService(tmp_path / "index").load()
+    pairs = index._PAIRS
+    assert len(pairs) == 65536
+    for first, second in ((0, 0), (0x41, 0x7A), (0xFF, 0x01), (0x01, 0xFF), (0xFF, 0xFF)):
+        native = (first | second << 8) if sys.byteorder == "little" else (first << 8 | second)
+        assert pairs[native] == 31 * first + second
+    key = "ab" * 20
+    expected = sum(ord(c) * 31 ** (len(key) - 1 - i) for i, c in enumerate(key)) % 2**32
+    assert java_string_hash(key) == (expected - 2**32 if expected >= 2**31 else expected)
+
+
 def test_keys_of() -> None:
     assert keys_of("a b  c", "U1") == ["U1", "a", "b", "c"]
     assert keys_of(None, None) == []

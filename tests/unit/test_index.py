@@ -279,3 +279,38 @@ def test_default_size_file_is_sparse(tmp_path: Path) -> None:
     assert st.st_blocks * 512 < 1024 * 1024  # only the pages written are allocated
     assert svc.query_offset("T", "U", 1, 0, 2**62).phy_offsets == [0]
     svc.close()
+
+
+def test_populate_faults_in_the_slots_without_changing_a_byte(tmp_path: Path) -> None:
+    """``populate`` (Linux 5.14+: MADV_POPULATE_WRITE through libc) allocates the header and the hash slots of a
+    sparse file and leaves every byte as it was."""
+    svc = IndexService(tmp_path / "index", max_hash_slot_num=100_000, max_index_num=1000)
+    svc.load()
+    svc.build_index_batch([("T", 1000 + i, T0 + i, 0, f"k{i}", None) for i in range(20)])
+    f = svc.files[-1]
+    before = f.mm[:]
+    slots_end = INDEX_HEADER_SIZE + 100_000 * 4
+    assert os.stat(f.path).st_blocks * 512 < slots_end  # sparse: a few pages of slots written
+    assert f.populate()
+    assert f.mm[:] == before
+    assert os.stat(f.path).st_blocks * 512 >= slots_end
+    svc.close()
+
+
+def test_the_file_being_written_is_handed_out_to_populate_once_past_the_threshold(tmp_path: Path) -> None:
+    from trimq.broker.store.index import POPULATE_AFTER_ENTRIES
+
+    svc = IndexService(tmp_path / "index", max_hash_slot_num=64, max_index_num=4 * POPULATE_AFTER_ENTRIES)
+    svc.load()
+    assert svc.take_file_to_populate() is None  # no file yet
+    svc.build_index_batch([("T", i, T0, 0, f"k{i}", None) for i in range(POPULATE_AFTER_ENTRIES - 2)])
+    assert svc.take_file_to_populate() is None  # a handful of keys: the file stays sparse
+    svc.build_index_batch([("T", 5000 + i, T0, 0, f"m{i}", None) for i in range(4)])
+    f = svc.take_file_to_populate()
+    assert f is svc.files[-1] and f.populated
+    assert svc.take_file_to_populate() is None  # once
+    svc.close()
+    again = IndexService(tmp_path / "index", max_hash_slot_num=64, max_index_num=4 * POPULATE_AFTER_ENTRIES)
+    again.load()
+    assert again.take_file_to_populate() is again.files[-1]  # after a restart, the file being written again
+    again.close()

@@ -27,7 +27,6 @@ Pure file layout and bookkeeping: blocking ``mmap`` I/O, no trio; the time comes
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import mmap
 import os
 import struct
@@ -86,26 +85,6 @@ IndexRecord = tuple[str, int, int, int, str | None, str | None]
 def index_file_size(hash_slot_num: int, index_num: int) -> int:
     """Bytes of one index file: header + slots + entries."""
     return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE
-
-
-_MADV_POPULATE_WRITE = 23  # Linux's value (5.14+); Python's mmap module does not name it
-_POPULATE_SLICE = 2 << 20
-POPULATE_AFTER_ENTRIES = 1024  # a store that indexes a handful of keys keeps its file sparse
-_MADVISE: list[Callable[[int, int, int], int] | None] = []
-
-
-def _libc_madvise() -> Callable[[int, int, int], int] | None:
-    """libc's ``madvise(addr, length, advice)`` on Linux, else None (looked up once)."""
-    if not _MADVISE:
-        fn = None
-        if sys.platform == "linux":
-            with contextlib.suppress(OSError, AttributeError):
-                libc = ctypes.CDLL(None, use_errno=True)
-                fn = libc.madvise
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                fn.restype = ctypes.c_int
-        _MADVISE.append(fn)
-    return _MADVISE[0]
 
 
 _PAIRS: list[int] = []  # 31 * first + second for every pair of bytes, indexed by the pair read as a native uint16
@@ -242,7 +221,6 @@ class IndexFile:
             # faulted in the pages around it too (~3 ms)
             self.mm.madvise(mmap.MADV_RANDOM)
         self.header = IndexHeader() if new else IndexHeader.unpack_from(self.mm)  # a new file is all zeros
-        self.populated = False  # populate() is done or under way
         if new:
             if end_phy_offset > 0:
                 self.header.begin_phy_offset = self.header.end_phy_offset = end_phy_offset
@@ -369,32 +347,6 @@ class IndexFile:
         """msync the mapping (blocking; ``sync_header`` first, on the writing thread)."""
         self.dirty = False
         self.mm.flush()
-
-    def populate(self) -> bool:
-        """Fault in the header and the hash slots for writing (``MADV_POPULATE_WRITE``, Linux 5.14+), so that
-        the next keys of a file do not take a page fault each (~5 µs on this VM: the first 10,000 keys of a fresh
-        file cost 30-60 ms more than later ones). Blocking (10-20 ms of kernel time for the default geometry),
-        without the GIL: run it in a thread. Changes no byte of the file. False where the kernel or platform has
-        no such advice."""
-        madvise = _libc_madvise()
-        if madvise is None:
-            return False
-        end = self._entries_at
-        try:
-            view = ctypes.c_char.from_buffer(self.mm)  # an export: the map cannot be closed meanwhile
-        except (TypeError, ValueError, BufferError):  # closed
-            return False
-        try:
-            address = ctypes.addressof(view)
-            # through ctypes, which lets go of the GIL (mmap.madvise holds it: the event loop would stop for
-            # the whole call); in slices, since each holds the process's mmap lock, which the event loop's
-            # allocator needs whenever it maps or unmaps an arena
-            for start in range(0, end, _POPULATE_SLICE):
-                if madvise(address + start, min(_POPULATE_SLICE, end - start), _MADV_POPULATE_WRITE) != 0:
-                    return False  # EINVAL before Linux 5.14
-        finally:
-            del view
-        return True
 
     def close(self) -> None:
         with contextlib.suppress(BufferError, ValueError):
@@ -530,15 +482,6 @@ class IndexService:
             f.header.end_phy_offset = offset
             f.dirty = f.header_dirty = True
             f.sync_header()
-
-    def take_file_to_populate(self) -> IndexFile | None:
-        """The file being written, once it holds ``POPULATE_AFTER_ENTRIES`` entries and when its
-        :meth:`IndexFile.populate` has not been handed out yet (then marked as handed out); else None."""
-        f = self.files[-1] if self.files else None
-        if f is None or f.populated or f.is_write_full or f.header.index_count < POPULATE_AFTER_ENTRIES:
-            return None
-        f.populated = True
-        return f
 
     # -- building -------------------------------------------------------------------------------------
     def _last_file(self) -> IndexFile:

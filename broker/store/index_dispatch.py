@@ -171,11 +171,6 @@ class IndexDispatcher:
                     self._notify()
                     await trio.sleep(0)  # let sends and pulls run between slices
                 self._notify()
-                to_populate = self.index.take_file_to_populate()
-                if to_populate is not None:
-                    # the file's hash slots are faulted in by a thread, beside the dispatching, instead of
-                    # one page fault per new slot on the event loop
-                    nursery.start_soon(trio.to_thread.run_sync, to_populate.populate)
                 await self._wakeup.wait()
 
     async def _flush_loop(self) -> None:

@@ -23,9 +23,8 @@ FOREVER = 2**62
 
 
 def config(path: Path, **kw: Any) -> StoreConfig:
-    return StoreConfig(str(path), segment_size=SEG, consume_queue_file_size=20 * 8,
-                       max_hash_slot_num=kw.pop("max_hash_slot_num", 16), max_index_num=kw.pop("max_index_num", 64),
-                       **kw)
+    return StoreConfig(str(path), segment_size=SEG, consume_queue_file_size=20 * 8, max_hash_slot_num=16,
+                       max_index_num=kw.pop("max_index_num", 64), **kw)
 
 
 @asynccontextmanager
@@ -220,21 +219,3 @@ async def test_a_pass_mixing_noted_and_read_back_records_indexes_them_in_log_ord
         await caught_up(st)
         st.index.flush()
     assert sorted(p.read_bytes() for p in (store / "index").iterdir()) == mixed
-
-
-async def test_the_dispatcher_populates_the_file_being_written(tmp_path: Path) -> None:
-    """Past POPULATE_AFTER_ENTRIES entries the dispatcher has the file's slots faulted in by a thread (issue 22:
-    one page fault per new slot on the event loop held up the first windows after a start)."""
-    from trimq.broker.store.index import POPULATE_AFTER_ENTRIES
-
-    slots = 50_000
-    async with running(tmp_path / "s", max_index_num=4 * POPULATE_AFTER_ENTRIES, max_hash_slot_num=slots) as st:
-        for i in range(POPULATE_AFTER_ENTRIES + 10):
-            await put(st, "T", b"x", keys=f"k{i}")
-        await caught_up(st)
-        f = st.index.files[-1]
-        assert f.populated
-        with trio.fail_after(5):
-            while os.stat(f.path).st_blocks * 512 < 40 + slots * 4:
-                await trio.sleep(0.01)
-        assert bodies(st, "T", "k7") == [b"x"]

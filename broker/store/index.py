@@ -113,13 +113,11 @@ def _make_pairs() -> list[int]:
     the key depends on the byte order."""
     if not _PAIRS:
         times31 = [b * 31 for b in range(256)]
-        if sys.byteorder == "little":  # low byte first: 31 * low + high
-            for high in range(256):
+        for high in range(256):
+            if sys.byteorder == "little":  # low byte first: 31 * low + high
                 _PAIRS.extend([t + high for t in times31])
-        else:  # high byte first: 31 * high + low
-            for high in range(256):
-                first = times31[high]
-                _PAIRS.extend([first + low for low in range(256)])
+            else:  # high byte first: 31 * high + low
+                _PAIRS.extend(range(times31[high], times31[high] + 256))
     return _PAIRS
 
 

@@ -21,7 +21,8 @@ worker thread), so the same workload runs on trimq and on Redis Streams in one r
   takeovers). The pull loops resume when every member is ready (the ``c*.ready`` files of the run).
 * Diagnostics: ``TRIMQ_BENCH_SAMPLE=dir`` samples every process's CPU by stack (bench/sampler.py),
   ``TRIMQ_BENCH_PROFILE=dir`` runs them under cProfile (CPU time), ``TRIMQ_BENCH_GC=dir`` records their garbage
-  collections (bench/gcstats.py), ``--trimq-stages 1`` records each message's
+  collections (bench/gcstats.py), ``TRIMQ_BENCH_STEPS=dir`` counts their trio task steps and the CPU in each task
+  (bench/taskstats.py), ``--trimq-stages 1`` records each message's
   per-stage timestamps (``stage_breakdown``).
 * Pacing: the harness's ``--rate N`` (``common.Pacer``, as the Redis peer applies it): window ``i`` is due at
   ``t0 + i / rate`` and its messages carry that *scheduled* time, so a producer that falls behind shows as latency
@@ -159,6 +160,11 @@ def start_server(workdir: str, args: Any) -> Any:
                "s = CpuSampler(threading.get_ident()).__enter__()\n"
                "try: main(standalone_mode=False)\nfinally:\n s.__exit__(); open(out, 'w').write(s.report(70))",
                out, *cmd[len(_broker_exe()):]]
+    elif os.environ.get("TRIMQ_BENCH_STEPS"):
+        cmd = [sys.executable, "-c", "import sys; sys.argv = ['trimq-broker'] + sys.argv[1:]; "
+               "from bench import taskstats; taskstats.install(); from trimq.tools.broker import main\n"
+               "try: main(standalone_mode=False)\nfinally: taskstats.write('broker')",
+               *cmd[len(_broker_exe()):]]
     elif os.environ.get("TRIMQ_BENCH_GC"):
         cmd = [sys.executable, "-c", "import sys; sys.argv = ['trimq-broker'] + sys.argv[1:]; "
                "from bench import gcstats; gcstats.install(); from trimq.tools.broker import main\n"
@@ -191,6 +197,15 @@ async def setup(args: Any) -> None:
 
 def _run_trio(fn: Any, *a: Any) -> Any:
     import trio
+
+    if os.environ.get("TRIMQ_BENCH_STEPS"):
+        from bench import taskstats
+
+        taskstats.install()
+        try:
+            return trio.run(fn, *a)
+        finally:
+            taskstats.write(fn.__name__)
 
     if os.environ.get("TRIMQ_BENCH_GC"):
         from bench import gcstats

@@ -42,7 +42,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 from typing import Any
@@ -83,10 +82,17 @@ def version() -> str:
         return "trimq (dev)"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+def _listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
+    """The port a broker started on port 0 listens on, from the ``broker.addr`` it writes once it listens
+    (atomically: written aside, then renamed); 0 if it exits or does not write it within ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and proc.poll() is None:
+        try:
+            with open(address_file) as f:
+                return int(f.read().strip().rpartition(":")[2])
+        except FileNotFoundError:
+            time.sleep(0.01)
+    return 0
 
 
 def _broker_exe() -> list[str]:
@@ -140,15 +146,21 @@ def start_server(workdir: str, args: Any) -> Any:
     from common import Server, wait_port  # the harness's (shared/bench/peers/common.py)
 
     os.makedirs(workdir, exist_ok=True)
-    if not getattr(args, "trimq_port_fixed", args.trimq_port):
-        # a fresh free port for every run (the child processes get it through args): a port another process
-        # took between the probe and the bind must not fail the next runs too
+    auto_port = not getattr(args, "trimq_port_fixed", args.trimq_port)
+    if auto_port:
+        # A fresh port for every run (the child processes get it through args), bound by the broker itself
+        # (port 0) and read back from STORE/broker.addr: a port picked here beforehand could be taken by another
+        # process before the broker binds it ("Address already in use", seen in bench.takeover).
         args.trimq_port_fixed = 0
-        args.trimq_port = _free_port()
+        args.trimq_port = 0
     else:
         args.trimq_port_fixed = args.trimq_port
+    store = os.path.join(workdir, "store")
+    address_file = os.path.join(store, "broker.addr")
+    if os.path.exists(address_file):
+        os.remove(address_file)  # a store kept from an earlier run must not report that run's port
     cmd = [
-        *_broker_exe(), "--listen", broker_addr(args), "--store", os.path.join(workdir, "store"),
+        *_broker_exe(), "--listen", broker_addr(args), "--store", store,
         "--embedded-namesrv", "--flush", args.trimq_flush, "--log-level", "warning", "--log-format", "json",
     ]
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
@@ -177,7 +189,9 @@ def start_server(workdir: str, args: Any) -> Any:
                "p.runcall(main, standalone_mode=False); p.dump_stats(out)",
                out, *cmd[len(_broker_exe()):]]
     srv = Server("trimq", cmd, env=broker_env(args), log=os.path.join(workdir, "server.log"), cwd=str(_REPO))
-    if not wait_port(HOST, args.trimq_port, 30):
+    if auto_port:
+        args.trimq_port = _listened_port(address_file, srv.proc, 30)
+    if not args.trimq_port or not wait_port(HOST, args.trimq_port, 30):
         srv.stop()
         raise RuntimeError(f"trimq-broker did not start (see {workdir}/server.log)")
     return srv

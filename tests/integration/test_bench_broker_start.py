@@ -1,0 +1,78 @@
+"""The benchmarks' broker start (bench.peer_trimq.start_server): the broker binds its own port.
+
+It used to pick a free port first and hand it to the broker, and bench.takeover once failed with "Address already
+in use" when another process took that port in between. Now the broker listens on port 0 and the port is read
+back from STORE/broker.addr, so no such window exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import peer_trimq
+from bench.harness import load_harness
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    peer_trimq.add_args(parser)
+    return parser.parse_args([])
+
+
+def test_auto_port_is_the_one_the_broker_bound(tmp_path: Path) -> None:
+    load_harness()  # the harness's Server and wait_port
+    first, second = _args(), _args()
+    # a store kept from an earlier run reports a port no broker listens on: it must not be believed
+    (tmp_path / "a" / "store").mkdir(parents=True)
+    (tmp_path / "a" / "store" / "broker.addr").write_text("127.0.0.1:1\n")
+    a = peer_trimq.start_server(str(tmp_path / "a"), first)
+    try:
+        b = peer_trimq.start_server(str(tmp_path / "b"), second)
+        try:
+            for args, name in ((first, "a"), (second, "b")):
+                reported = (tmp_path / name / "store" / "broker.addr").read_text().strip()
+                assert reported == f"{peer_trimq.HOST}:{args.trimq_port}"
+                with socket.create_connection((peer_trimq.HOST, args.trimq_port), timeout=5):
+                    pass
+            assert first.trimq_port != second.trimq_port
+            assert first.trimq_port_fixed == 0  # the next run picks a fresh port again
+        finally:
+            b.stop()
+    finally:
+        a.stop()
+
+
+def test_a_port_taken_before_the_broker_binds_cannot_stop_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race itself: whatever port the command line names is taken by another socket just before the broker
+    process starts. With a port picked ahead this failed; with port 0 there is nothing to take."""
+    load_harness()
+    taken: list[socket.socket] = []
+    popen = subprocess.Popen
+
+    def take_port_then_start(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
+        if "--listen" in cmd:
+            port = int(cmd[cmd.index("--listen") + 1].rpartition(":")[2])
+            if port:
+                squatter = socket.socket()
+                squatter.bind((peer_trimq.HOST, port))
+                squatter.listen()
+                taken.append(squatter)
+        return popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", take_port_then_start)
+    args = _args()
+    srv = peer_trimq.start_server(str(tmp_path), args)
+    try:
+        assert not taken
+        with socket.create_connection((peer_trimq.HOST, args.trimq_port), timeout=5):
+            pass
+    finally:
+        srv.stop()
+        for squatter in taken:
+            squatter.close()

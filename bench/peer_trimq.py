@@ -82,7 +82,7 @@ def version() -> str:
         return "trimq (dev)"
 
 
-def _listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
+def listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
     """The port a broker started on port 0 listens on, from the ``broker.addr`` it writes once it listens
     (atomically: written aside, then renamed); 0 if it exits or does not write it within ``timeout_s``."""
     end = time.monotonic() + timeout_s
@@ -190,7 +190,7 @@ def start_server(workdir: str, args: Any) -> Any:
                out, *cmd[len(_broker_exe()):]]
     srv = Server("trimq", cmd, env=broker_env(args), log=os.path.join(workdir, "server.log"), cwd=str(_REPO))
     if auto_port:
-        args.trimq_port = _listened_port(address_file, srv.proc, 30)
+        args.trimq_port = listened_port(address_file, srv.proc, 30)
     if not args.trimq_port or not wait_port(HOST, args.trimq_port, 30):
         srv.stop()
         raise RuntimeError(f"trimq-broker did not start (see {workdir}/server.log)")

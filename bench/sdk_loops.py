@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 from bench.harness import REPO, RESULTS
+from bench.peer_trimq import listened_port
 
 HOST = "127.0.0.1"
 QUEUES = 8
@@ -48,12 +49,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     "defaults": {"orderly": False},
 }
 TARGET_RATIO = 1.2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int, timeout: float) -> bool:
@@ -257,17 +252,19 @@ def one_run(args: argparse.Namespace, workdir: str, profile: str, loop: str, ind
 
 def orchestrate(args: argparse.Namespace) -> int:
     workdir = tempfile.mkdtemp(prefix="trimq-sdk-loops-")
-    port = _free_port()
-    args.namesrv = f"{HOST}:{port}"
     exe = shutil.which("trimq-broker", path=os.path.dirname(sys.executable))
     broker_cmd = [exe] if exe else [sys.executable, "-c", "from trimq.tools.broker import main; main()"]
-    broker_cmd += ["--listen", args.namesrv, "--store", os.path.join(workdir, "store"), "--embedded-namesrv",
+    # port 0: the broker binds a port itself and writes it to STORE/broker.addr (a port picked here first could be
+    # taken by another process before the broker binds it)
+    broker_cmd += ["--listen", f"{HOST}:0", "--store", os.path.join(workdir, "store"), "--embedded-namesrv",
                    "--flush", "async", "--log-level", "warning"]
     with open(os.path.join(workdir, "broker.log"), "wb") as blog:
         broker = subprocess.Popen(broker_cmd, cwd=str(REPO), stdout=blog, stderr=subprocess.STDOUT)
     runs: list[dict[str, Any]] = []
     try:
-        if not _wait_port(port, 30):
+        port = listened_port(os.path.join(workdir, "store", "broker.addr"), broker, 30)
+        args.namesrv = f"{HOST}:{port}"
+        if not port or not _wait_port(port, 30):
             print(f"sdk_loops: the broker did not start (see {workdir}/broker.log)", file=sys.stderr)
             return 1
         index = 0

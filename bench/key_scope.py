@@ -48,7 +48,7 @@ from array import array
 from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
-from bench.peer_trimq import listened_port
+from bench.peer_trimq import broker_exe, fresh_address_file, listened_port
 
 common = load_harness()
 
@@ -462,19 +462,15 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
 def start_broker(workdir: str) -> tuple[Any, str]:
     """A broker on a port it binds itself (port 0, read back from its broker.addr: no port picked ahead that
     another process could take first)."""
-    exe = shutil.which("trimq-broker", path=os.path.dirname(sys.executable))
-    store = os.path.join(workdir, "store")
-    cmd = [exe] if exe else [sys.executable, "-c", "from trimq.tools.broker import main; main()"]
-    cmd += ["--listen", f"{HOST}:0", "--store", store, "--embedded-namesrv",
-            "--flush", "async", "--log-level", "warning", "--log-format", "json"]
+    address_file = fresh_address_file(os.path.join(workdir, "store"))
+    cmd = [*broker_exe(), "--listen", f"{HOST}:0", "--store", os.path.dirname(address_file), "--embedded-namesrv",
+           "--flush", "async", "--log-level", "warning", "--log-format", "json"]
     env = dict(os.environ)
     env["TRIMQ_BROKER_MAX_TRANSFER_COUNT_ON_MESSAGE_IN_MEMORY"] = "256"
     env["TRIMQ_BROKER_MAX_TRANSFER_BYTES_ON_MESSAGE_IN_MEMORY"] = str(1024 * 1024)
-    if os.path.exists(os.path.join(store, "broker.addr")):
-        os.remove(os.path.join(store, "broker.addr"))
     srv = common.Server("trimq", cmd, env=env, log=os.path.join(workdir, "broker.log"), cwd=str(REPO))
-    port = listened_port(os.path.join(store, "broker.addr"), srv.proc, 30)
-    if not port or not common.wait_port(HOST, port, 30):
+    port = listened_port(address_file, srv.proc, 30)
+    if not port:
         srv.stop()
         raise RuntimeError(f"trimq-broker did not start (see {workdir}/broker.log)")
     return srv, f"{HOST}:{port}"

@@ -39,6 +39,8 @@ loops resume promptly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -82,9 +84,19 @@ def version() -> str:
         return "trimq (dev)"
 
 
+def fresh_address_file(store: str) -> str:
+    """``STORE/broker.addr``, where a broker started on port 0 writes the port it got; a file an earlier run left
+    there is removed first, so it cannot be read as this run's."""
+    path = os.path.join(store, "broker.addr")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    return path
+
+
 def listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
     """The port a broker started on port 0 listens on, from the ``broker.addr`` it writes once it listens
-    (atomically: written aside, then renamed); 0 if it exits or does not write it within ``timeout_s``."""
+    (atomically: written aside, then renamed), so the port accepts connections when this returns; 0 if the
+    process exits or does not write it within ``timeout_s``."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and proc.poll() is None:
         try:
@@ -95,7 +107,8 @@ def listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
     return 0
 
 
-def _broker_exe() -> list[str]:
+def broker_exe() -> list[str]:
+    """The command that runs ``trimq-broker``: the venv's script, else the module through this Python."""
     exe = shutil.which("trimq-broker", path=os.path.dirname(sys.executable))
     if exe:
         return [exe]
@@ -155,43 +168,38 @@ def start_server(workdir: str, args: Any) -> Any:
         args.trimq_port = 0
     else:
         args.trimq_port_fixed = args.trimq_port
-    store = os.path.join(workdir, "store")
-    address_file = os.path.join(store, "broker.addr")
-    if os.path.exists(address_file):
-        os.remove(address_file)  # a store kept from an earlier run must not report that run's port
-    cmd = [
-        *_broker_exe(), "--listen", broker_addr(args), "--store", store,
-        "--embedded-namesrv", "--flush", args.trimq_flush, "--log-level", "warning", "--log-format", "json",
-    ]
+    address_file = fresh_address_file(os.path.join(workdir, "store"))
+    flags = ["--listen", broker_addr(args), "--store", os.path.dirname(address_file), "--embedded-namesrv",
+             "--flush", args.trimq_flush, "--log-level", "warning", "--log-format", "json"]
+    cmd = [*broker_exe(), *flags]
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
     sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
+    recorder = _recorder()
     if sample_dir:
         out = os.path.join(sample_dir, "broker.txt")
         cmd = [sys.executable, "-c", "import sys; out = sys.argv[1]; sys.argv = ['trimq-broker'] + sys.argv[2:]; "
                "from bench.sampler import CpuSampler; import threading; from trimq.tools.broker import main; "
                "s = CpuSampler(threading.get_ident()).__enter__()\n"
                "try: main(standalone_mode=False)\nfinally:\n s.__exit__(); open(out, 'w').write(s.report(70))",
-               out, *cmd[len(_broker_exe()):]]
-    elif os.environ.get("TRIMQ_BENCH_STEPS"):
+               out, *flags]
+    elif recorder:
         cmd = [sys.executable, "-c", "import sys; sys.argv = ['trimq-broker'] + sys.argv[1:]; "
-               "from bench import taskstats; taskstats.install(); from trimq.tools.broker import main\n"
-               "try: main(standalone_mode=False)\nfinally: taskstats.write('broker')",
-               *cmd[len(_broker_exe()):]]
-    elif os.environ.get("TRIMQ_BENCH_GC"):
-        cmd = [sys.executable, "-c", "import sys; sys.argv = ['trimq-broker'] + sys.argv[1:]; "
-               "from bench import gcstats; gcstats.install(); from trimq.tools.broker import main\n"
-               "try: main(standalone_mode=False)\nfinally: gcstats.write('broker')",
-               *cmd[len(_broker_exe()):]]
+               f"from bench import {recorder} as recorder; recorder.install(); from trimq.tools.broker import main\n"
+               "try: main(standalone_mode=False)\nfinally: recorder.write('broker')",
+               *flags]
     elif prof_dir:
         out = os.path.join(prof_dir, "broker.prof")
         cmd = [sys.executable, "-c", "import cProfile, sys, time; out = sys.argv[1]; sys.argv = ['trimq-broker'] + "
                "sys.argv[2:]; from trimq.tools.broker import main; p = cProfile.Profile(time.process_time); "
                "p.runcall(main, standalone_mode=False); p.dump_stats(out)",
-               out, *cmd[len(_broker_exe()):]]
+               out, *flags]
     srv = Server("trimq", cmd, env=broker_env(args), log=os.path.join(workdir, "server.log"), cwd=str(_REPO))
     if auto_port:
         args.trimq_port = listened_port(address_file, srv.proc, 30)
-    if not args.trimq_port or not wait_port(HOST, args.trimq_port, 30):
+        up = args.trimq_port != 0
+    else:
+        up = wait_port(HOST, args.trimq_port, 30)
+    if not up:
         srv.stop()
         raise RuntimeError(f"trimq-broker did not start (see {workdir}/server.log)")
     return srv
@@ -209,26 +217,26 @@ async def setup(args: Any) -> None:
     await asyncio.to_thread(_run_trio, _setup_trio, args)
 
 
+# Recorders of a benchmark process, by the variable that asks for one (the first set wins): bench modules with
+# ``install()`` (before ``trio.run``) and ``write(name)`` (after it).
+_RECORDERS = (("TRIMQ_BENCH_STEPS", "taskstats"), ("TRIMQ_BENCH_GC", "gcstats"))
+
+
+def _recorder() -> str | None:
+    return next((module for variable, module in _RECORDERS if os.environ.get(variable)), None)
+
+
 def _run_trio(fn: Any, *a: Any) -> Any:
     import trio
 
-    if os.environ.get("TRIMQ_BENCH_STEPS"):
-        from bench import taskstats
-
-        taskstats.install()
+    recorder_name = _recorder()
+    if recorder_name:
+        recorder = importlib.import_module(f"bench.{recorder_name}")
+        recorder.install()
         try:
             return trio.run(fn, *a)
         finally:
-            taskstats.write(fn.__name__)
-
-    if os.environ.get("TRIMQ_BENCH_GC"):
-        from bench import gcstats
-
-        gcstats.install()
-        try:
-            return trio.run(fn, *a)
-        finally:
-            gcstats.write(fn.__name__)
+            recorder.write(fn.__name__)
 
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
     if not prof_dir:

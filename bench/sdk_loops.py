@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ import time
 from typing import Any
 
 from bench.harness import REPO, RESULTS
-from bench.peer_trimq import listened_port
+from bench.peer_trimq import broker_exe, fresh_address_file, listened_port
 
 HOST = "127.0.0.1"
 QUEUES = 8
@@ -49,17 +48,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     "defaults": {"orderly": False},
 }
 TARGET_RATIO = 1.2
-
-
-def _wait_port(port: int, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection((HOST, port), 0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
 
 
 def _quiet() -> None:
@@ -252,19 +240,18 @@ def one_run(args: argparse.Namespace, workdir: str, profile: str, loop: str, ind
 
 def orchestrate(args: argparse.Namespace) -> int:
     workdir = tempfile.mkdtemp(prefix="trimq-sdk-loops-")
-    exe = shutil.which("trimq-broker", path=os.path.dirname(sys.executable))
-    broker_cmd = [exe] if exe else [sys.executable, "-c", "from trimq.tools.broker import main; main()"]
     # port 0: the broker binds a port itself and writes it to STORE/broker.addr (a port picked here first could be
     # taken by another process before the broker binds it)
-    broker_cmd += ["--listen", f"{HOST}:0", "--store", os.path.join(workdir, "store"), "--embedded-namesrv",
-                   "--flush", "async", "--log-level", "warning"]
+    address_file = fresh_address_file(os.path.join(workdir, "store"))
+    broker_cmd = [*broker_exe(), "--listen", f"{HOST}:0", "--store", os.path.dirname(address_file),
+                  "--embedded-namesrv", "--flush", "async", "--log-level", "warning"]
     with open(os.path.join(workdir, "broker.log"), "wb") as blog:
         broker = subprocess.Popen(broker_cmd, cwd=str(REPO), stdout=blog, stderr=subprocess.STDOUT)
     runs: list[dict[str, Any]] = []
     try:
-        port = listened_port(os.path.join(workdir, "store", "broker.addr"), broker, 30)
+        port = listened_port(address_file, broker, 30)
         args.namesrv = f"{HOST}:{port}"
-        if not port or not _wait_port(port, 30):
+        if not port:
             print(f"sdk_loops: the broker did not start (see {workdir}/broker.log)", file=sys.stderr)
             return 1
         index = 0

@@ -328,7 +328,7 @@ def read_assign(path: str) -> list[dict[str, Any]]:
 
 
 def _broker_cmd(workdir: str, args: argparse.Namespace) -> list[str]:
-    return [*peer_trimq._broker_exe(), "--listen", peer_trimq.broker_addr(args), "--store",
+    return [*peer_trimq.broker_exe(), "--listen", peer_trimq.broker_addr(args), "--store",
             os.path.join(workdir, "store"), "--embedded-namesrv", "--flush", args.trimq_flush, "--log-level",
             "warning", "--log-format", "json"]
 

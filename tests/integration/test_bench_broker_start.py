@@ -8,8 +8,10 @@ back from STORE/broker.addr, so no such window exists.
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,26 @@ def test_a_port_taken_before_the_broker_binds_cannot_stop_it(tmp_path: Path, mon
         srv.stop()
         for squatter in taken:
             squatter.close()
+
+
+def test_listened_port_is_0_when_the_broker_exits_or_never_writes(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert peer_trimq.listened_port(str(tmp_path / "broker.addr"), gone, 30) == 0  # at once, not after 30 s
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert peer_trimq.listened_port(str(tmp_path / "broker.addr"), silent, 0.1) == 0
+    finally:
+        silent.kill()
+        silent.wait()
+
+
+def test_a_recorder_asked_for_wraps_the_broker_and_writes_on_stop(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    load_harness()
+    steps = tmp_path / "steps"
+    monkeypatch.setenv("TRIMQ_BENCH_STEPS", str(steps))
+    srv = peer_trimq.start_server(str(tmp_path / "broker"), _args())
+    srv.stop()  # SIGTERM: the broker stops gracefully and the wrapper writes what it counted
+    (saved,) = steps.glob("broker-*.json")
+    assert any("serve" in task for task in json.loads(saved.read_text()))

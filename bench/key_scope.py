@@ -40,7 +40,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from array import array
 from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
+from bench.own_redis import ATTEMPTS, start_own_redis
 from bench.peer_trimq import broker_exe, fresh_address_file, listened_port
 
 common = load_harness()
@@ -73,12 +73,6 @@ ROWS: dict[str, tuple[str, str, str, int | None, int, str]] = {
 
 def log(msg: str) -> None:
     print(f"-- {msg}", flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def burn_cpu(seconds: float) -> None:
@@ -241,13 +235,25 @@ async def _produce_trio(args: argparse.Namespace, work: list[tuple[int, str, int
 
 # ---------------------------------------------------------------------------------------------- redis roles
 
-def _redis_module(args: argparse.Namespace) -> Any:
+def _redis_module(args: argparse.Namespace, port: int | None = None) -> Any:
     """The harness's peer_redis, on this run's own port (another benchmark may use its fixed one meanwhile)."""
     import peer_redis
 
-    if args.redis_port:
-        peer_redis.PORT = args.redis_port
+    if port or args.redis_port:
+        peer_redis.PORT = port or args.redis_port
     return peer_redis
+
+
+def _start_redis(args: argparse.Namespace, wargs: Any, server_dir: str) -> tuple[Any, int]:
+    """The harness's Redis on ``--redis-port``, or on a free port checked to be served by it (bench.own_redis)."""
+
+    def start(port: int) -> tuple[Any, subprocess.Popen[bytes]]:
+        srv = _redis_module(args, port).start_server(server_dir, wargs)
+        return srv, srv.proc
+
+    fixed = args.redis_port
+    return start_own_redis(start, lambda srv: srv.stop(), HOST, attempts=1 if fixed else ATTEMPTS,
+                           pick_port=(lambda: fixed) if fixed else None)
 
 
 def role_redis_consume(args: argparse.Namespace) -> None:
@@ -404,13 +410,11 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
     srv = None
     try:
         if system == "redis":
-            args.redis_port = args.redis_port or _free_port()
-            peer_redis = _redis_module(args)
             wargs = workload_args(args, messages)
-            srv = peer_redis.start_server(os.path.join(outdir, "redis"), wargs)
+            srv, port = _start_redis(args, wargs, os.path.join(outdir, "redis"))
+            peer_redis = _redis_module(args, port)
             asyncio.run(peer_redis.setup(wargs))
-            common_flags = ["--messages", str(messages), "--listener", listener, "--redis-port",
-                            str(args.redis_port)]
+            common_flags = ["--messages", str(messages), "--listener", listener, "--redis-port", str(port)]
             procs = [_spawn(args, "redis-consume", outdir, ["--cid", str(c), *common_flags]) for c in range(CONSUMERS)]
             if not _wait_ready(outdir, procs):
                 raise RuntimeError("redis consumers did not start")

@@ -30,6 +30,7 @@ from array import array
 from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
+from bench.own_redis import start_own_redis
 
 common = load_harness()
 
@@ -46,14 +47,6 @@ def peer_mod(name: str) -> Any:
         # share the server and mix both runs' streams. Each orchestrator picks a free port for its own.
         mod.PORT = int(os.environ[REDIS_PORT_ENV])
     return mod
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_now() -> float:
@@ -154,13 +147,29 @@ def pct(sorted_vals: Any, q: float) -> float:
     return float(sorted_vals[i])
 
 
+def start_server(args: argparse.Namespace, mod: Any, server_dir: str) -> Any:
+    """The peer's server for one run. Redis gets a free port of its own, checked to be served by the process
+    started (bench.own_redis), and passes it to the role processes in the environment."""
+    if args.peer != "redis":
+        return mod.start_server(server_dir, args)
+
+    def start(port: int) -> tuple[Any, subprocess.Popen[bytes]]:
+        mod.PORT = port
+        os.environ[REDIS_PORT_ENV] = str(port)  # inherited by the role processes
+        srv = mod.start_server(server_dir, args)
+        return srv, srv.proc
+
+    srv, _ = start_own_redis(start, lambda s: s.stop())
+    return srv
+
+
 def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
     workdir = os.path.join(args.workroot, args.peer, f"run{i}")
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     outdir = os.path.join(workdir, "out")
     os.makedirs(outdir)
-    srv = mod.start_server(os.path.join(workdir, "server"), args)
+    srv = start_server(args, mod, os.path.join(workdir, "server"))
     res: dict[str, Any] = dict(run=i)
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -342,7 +351,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "role":
         role_main(args)
     else:
-        os.environ.setdefault(REDIS_PORT_ENV, str(_free_port()))  # inherited by the role processes
         run_main(args)
 
 

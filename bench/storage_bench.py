@@ -29,7 +29,6 @@ import os
 import pstats
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from typing import Any
 
 import trio
 
+from bench.own_redis import HOST, start_own_redis
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
@@ -266,12 +266,6 @@ def run_trimq(args: argparse.Namespace, work: Path) -> list[Row]:
 
 
 # ---------------------------------------------------------------------------------------------- redis
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _redis_case(port: int, n: int, body_size: int, batch: int, window: int
                       ) -> tuple[float, float, float]:
     import redis.asyncio as aioredis
@@ -319,6 +313,11 @@ async def _redis_case(port: int, n: int, body_size: int, batch: int, window: int
     return append_s, read_s, append_s / (append_s + read_s)
 
 
+def _stop_redis(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(30)
+
+
 def run_redis(args: argparse.Namespace, work: Path) -> list[Row]:
     exe = shutil.which("redis-server")
     if exe is None:
@@ -326,22 +325,18 @@ def run_redis(args: argparse.Namespace, work: Path) -> list[Row]:
         return []
     rows: list[Row] = []
     for fsync in ("everysec", "always"):
-        port = _free_port()
         d = work / f"redis-{fsync}"
         d.mkdir()
-        proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(d), "--save", "",
-                                 "--appendonly", "yes", "--appendfsync", fsync, "--io-threads", "1",
-                                 "--logfile", str(d / "redis.log")], stdout=subprocess.DEVNULL)
+
+        def start(port: int, d: Path = d, fsync: str = fsync
+                  ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+            proc = subprocess.Popen([exe, "--bind", HOST, "--port", str(port), "--dir", str(d), "--save", "",
+                                     "--appendonly", "yes", "--appendfsync", fsync, "--io-threads", "1",
+                                     "--logfile", str(d / "redis.log")], stdout=subprocess.DEVNULL)
+            return proc, proc
+
+        proc, port = start_own_redis(start, _stop_redis, timeout=20)
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), 0.2).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("redis-server did not start") from None
-                    time.sleep(0.05)
             cases: tuple[tuple[int, int, int], ...] = (
                 (256, args.messages, args.batch), (4096, args.messages // 5, max(1, args.batch // 4)))
             if fsync == "always":
@@ -356,8 +351,7 @@ def run_redis(args: argparse.Namespace, work: Path) -> list[Row]:
                 if fsync == "everysec":
                     rows.append(Row("redis", "pull 32/req", body, n, rd, sc * (1 - split), cc * (1 - split)))
         finally:
-            proc.terminate()
-            proc.wait(30)
+            _stop_redis(proc)
     return rows
 
 

@@ -1,0 +1,99 @@
+"""A Redis server of the benchmark's own, on a free port, and proof that the port is served by it.
+
+Redis cannot listen on port 0 and report the port it got, so a benchmark picks a free port and starts
+``redis-server`` on it. Between the pick and Redis's bind another process may take the port; Redis then
+exits, and a plain connect check passes against the squatter (another benchmark's Redis would mix both
+runs' streams, anything else fails later with a puzzling error). :func:`start_own_redis` therefore asks
+the server on the port for its ``process_id`` (``INFO server``) and tries a new port unless it is the
+process it started.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["HOST", "free_port", "redis_pid", "start_own_redis", "wait_own_redis"]
+
+HOST = "127.0.0.1"
+ATTEMPTS = 5
+
+H = TypeVar("H")
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing listens on at this moment (the kernel's pick for a bind to port 0)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def redis_pid(host: str, port: int, timeout: float = 0.5) -> int | None:
+    """The process id of the Redis server answering on ``host:port``; None when nothing, or no Redis, answers."""
+    try:
+        with socket.create_connection((host, port), timeout) as s:
+            s.sendall(b"INFO server\r\n")  # an inline command: no client library, any Redis answers it
+            buf = b""
+            while b"\r\n" not in buf:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return None
+                buf += chunk
+            head, _, body = buf.partition(b"\r\n")
+            if not head.startswith(b"$"):
+                return None
+            size = int(head[1:])
+            while len(body) < size:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return None
+                body += chunk
+    except (OSError, ValueError):
+        return None
+    for line in body[:size].split(b"\r\n"):
+        if line.startswith(b"process_id:"):
+            return int(line[len(b"process_id:"):])
+    return None
+
+
+def wait_own_redis(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> bool:
+    """Wait until the Redis on ``host:port`` is ``proc``. False when ``proc`` exits (it could not bind), another
+    Redis answers there, or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        pid = redis_pid(host, port)
+        if pid == proc.pid:
+            return True
+        if pid is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def start_own_redis(start: Callable[[int], tuple[H, subprocess.Popen[bytes]]], stop: Callable[[H], None],
+                    host: str = HOST, attempts: int = ATTEMPTS, timeout: float = 30.0,
+                    pick_port: Callable[[], int] | None = None) -> tuple[H, int]:
+    """Start a Redis through ``start(port)`` (returning a handle and the ``redis-server`` process) on free ports
+    until the one it serves is its own; returns the handle and the port. A ``start`` that raises RuntimeError
+    (a launcher that gave up) counts as a failed attempt. Raises RuntimeError after ``attempts`` failures."""
+    pick = pick_port or (lambda: free_port(host))
+    tried: list[str] = []
+    for _ in range(attempts):
+        port = pick()
+        try:
+            handle, proc = start(port)
+        except RuntimeError as exc:
+            tried.append(f"{port} ({exc})")
+            continue
+        if wait_own_redis(host, port, proc, timeout):
+            return handle, port
+        code = proc.poll()
+        tried.append(f"{port} (redis-server exited with {code})" if code is not None
+                     else f"{port} (another process answers there)")
+        stop(handle)
+    raise RuntimeError(f"no Redis of our own after {attempts} ports: {', '.join(tried)}")

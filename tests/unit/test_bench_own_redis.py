@@ -1,0 +1,131 @@
+"""bench.own_redis: a benchmark's Redis is started on a free port and proved to be the server answering there.
+
+The stand-in for redis-server is a small process that answers ``INFO server`` with its own pid, as Redis does, and
+exits when its port is taken (Redis's behaviour on a failed bind); the squatter answers as another Redis.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from bench.own_redis import HOST, free_port, redis_pid, start_own_redis, wait_own_redis
+
+FAKE_REDIS = r"""
+import os, socket, sys
+srv = socket.socket()
+try:
+    srv.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+srv.listen()
+info = b"# Server\r\nredis_version:0\r\nprocess_id:%d\r\n" % os.getpid()
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        conn.recv(4096)
+        conn.sendall(b"$%d\r\n%s\r\n" % (len(info), info))
+"""
+
+
+def _serve(listener: socket.socket, reply: bytes) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(4096)
+            conn.sendall(reply)
+
+
+@pytest.fixture
+def squatter() -> Iterator[socket.socket]:
+    """A listener on a port of its own; :func:`_listen_as` makes it answer (as another Redis, or not Redis)."""
+    listener = socket.socket()
+    listener.bind((HOST, 0))
+    listener.listen()
+    yield listener
+    listener.close()
+
+
+def _redis_reply(pid: int) -> bytes:
+    info = b"# Server\r\nprocess_id:%d\r\nrun_id:x\r\n" % pid
+    return b"$%d\r\n%s\r\n" % (len(info), info)
+
+
+def _start_fake(port: int) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_REDIS, str(port)])
+    return proc, proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(10)
+
+
+def _listen_as(listener: socket.socket, reply: bytes) -> int:
+    threading.Thread(target=_serve, args=(listener, reply), daemon=True).start()
+    return int(listener.getsockname()[1])
+
+
+def test_redis_pid_reads_info_server(squatter: socket.socket) -> None:
+    port = _listen_as(squatter, _redis_reply(4242))
+    assert redis_pid(HOST, port) == 4242
+
+
+def test_redis_pid_is_none_for_another_protocol_or_nothing(squatter: socket.socket) -> None:
+    port = _listen_as(squatter, b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    assert redis_pid(HOST, port) is None
+    assert redis_pid(HOST, free_port()) is None
+
+
+def test_a_squatted_port_is_left_for_a_free_one(squatter: socket.socket) -> None:
+    """The race the plain connect check lost: the picked port was taken before Redis bound it; another Redis
+    answers there. The start moves to the next port and returns the server it started."""
+    taken = _listen_as(squatter, _redis_reply(1))
+    ports = iter([taken, free_port()])
+    proc, port = start_own_redis(_start_fake, _stop, pick_port=lambda: next(ports), timeout=20)
+    try:
+        assert port != taken
+        assert redis_pid(HOST, port) == proc.pid
+    finally:
+        _stop(proc)
+
+
+def test_a_squatter_that_is_not_redis_is_left_too(squatter: socket.socket) -> None:
+    taken = _listen_as(squatter, b"-ERR not redis\r\n")
+    ports = iter([taken, free_port()])
+    proc, port = start_own_redis(_start_fake, _stop, pick_port=lambda: next(ports), timeout=20)
+    try:
+        assert port != taken and redis_pid(HOST, port) == proc.pid
+    finally:
+        _stop(proc)
+
+
+def test_every_port_taken_is_a_clear_error(squatter: socket.socket) -> None:
+    taken = _listen_as(squatter, _redis_reply(1))
+    with pytest.raises(RuntimeError, match=rf"no Redis of our own after 2 ports: {taken} \(.*\), {taken} \(.*\)"):
+        start_own_redis(_start_fake, _stop, attempts=2, pick_port=lambda: taken, timeout=20)
+
+
+def test_a_launcher_that_gives_up_counts_as_a_failed_attempt() -> None:
+    calls: list[int] = []
+
+    def start(port: int) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+        calls.append(port)
+        if len(calls) == 1:
+            raise RuntimeError("redis did not start")
+        return _start_fake(port)
+
+    proc, port = start_own_redis(start, _stop, timeout=20)
+    try:
+        assert len(calls) == 2 and port == calls[1]
+        assert wait_own_redis(HOST, port, proc, 5)
+    finally:
+        _stop(proc)

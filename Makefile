@@ -83,7 +83,7 @@ lint: $(STAMP) $(LINT_STAMP)
 	for layer in $(LAYERS); do ln -s ../../../$$layer $(TYPECHECK)/$$layer; done
 	cd build/typecheck && $(abspath $(LINT_VENV))/bin/lint-imports --config $(abspath pyproject.toml)
 	$(BIN)/mypy
-	$(BIN)/mypy --explicit-package-bases --namespace-packages --follow-imports=silent tests
+	$(BIN)/mypy --explicit-package-bases --namespace-packages --follow-imports=silent tests bench
 
 bench: $(STAMP) $(JAR)
 	$(BIN)/python -m bench.run_all

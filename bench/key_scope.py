@@ -286,7 +286,7 @@ async def _redis_consume(args: argparse.Namespace, queues: list[int], rec: Any) 
         while not rec.done and time.monotonic() < deadline:
             if rec.received and time.monotonic() - rec.last_activity > 15:
                 return
-            resp = await r.xreadgroup(peer_redis.GROUP, name, {s: ">"}, count=100, block=1000)
+            resp: Any = await r.xreadgroup(peer_redis.GROUP, name, {s: ">"}, count=100, block=1000)
             for _, entries in resp or ():
                 ids = []
                 for eid, fields in entries:

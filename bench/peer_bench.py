@@ -41,10 +41,10 @@ REDIS_PORT_ENV = "TRIMQ_BENCH_REDIS_PORT"
 
 
 def peer_mod(name: str) -> Any:
-    mod = importlib.import_module(f"peer_{name}")
+    mod: Any = importlib.import_module(f"peer_{name}")
     if name == "redis" and os.environ.get(REDIS_PORT_ENV):
         # The harness's Redis peer listens on a fixed port; another benchmark running it at the same time would
-        # share the server and mix both runs' streams. Each orchestrator picks a free port for its own.
+        # share the server and mix both runs' streams. Each run gets a port of its own (start_server below).
         mod.PORT = int(os.environ[REDIS_PORT_ENV])
     return mod
 
@@ -219,10 +219,10 @@ def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
         try:
             with open(os.path.join(outdir, f"c{c}.json")) as f:
                 cons.append(json.load(f))
-            with open(os.path.join(outdir, f"c{c}.gids"), "rb") as f:
-                gids.frombytes(f.read())
-            with open(os.path.join(outdir, f"c{c}.lats"), "rb") as f:
-                lats.frombytes(f.read())
+            with open(os.path.join(outdir, f"c{c}.gids"), "rb") as fb:
+                gids.frombytes(fb.read())
+            with open(os.path.join(outdir, f"c{c}.lats"), "rb") as fb:
+                lats.frombytes(fb.read())
         except OSError as e:
             cons.append(dict(cid=c, error=f"missing output: {e}"))
     received = len(gids)

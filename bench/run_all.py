@@ -98,11 +98,18 @@ def py(*args: str) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- report
 
-def load(results: Path, name: str) -> dict[str, Any] | None:
+def load_json(results: Path, name: str) -> Any:
+    """The parsed file ``results/name``; None when it is missing or not JSON."""
     try:
-        return json.loads((results / name).read_text())  # type: ignore[no-any-return]
+        return json.loads((results / name).read_text())
     except (OSError, ValueError):
         return None
+
+
+def load(results: Path, name: str) -> dict[str, Any] | None:
+    """A result object (a peer's summary, a benchmark's report); None when missing or not an object."""
+    got = load_json(results, name)
+    return got if isinstance(got, dict) else None
 
 
 def _fmt_rate(v: float | None) -> str:
@@ -221,15 +228,15 @@ def report(results: Path, meta: dict[str, Any]) -> str:
             f"{cost.get('broker_cpu_s_per_s')} CPU-s/s (idle {cost.get('idle_broker_cpu_s_per_s')}), "
             f"{cost.get('broker_cpu_us_per_renewal')} µs per renewal; renewal p99 {cost.get('p99_ms')} ms.")
         add("")
-    st = load(results, "storage.json")
+    st: list[dict[str, Any]] | None = load_json(results, "storage.json")
     if st:
         add("### Storage (bench.storage_bench, quick)")
         add("")
         add("| system | case | body | msgs/s | server µs/msg | client µs/msg |")
         add("|---|---|---:|---:|---:|---:|")
-        for r in st:
-            add(f"| {r['system']} | {r['case']} | {r['body']} | {r['msgs_s']:,.0f} | {r['server_us_per_msg']:.1f} | "
-                f"{r['client_us_per_msg']:.1f} |")
+        for row in st:
+            add(f"| {row['system']} | {row['case']} | {row['body']} | {row['msgs_s']:,.0f} | "
+                f"{row['server_us_per_msg']:.1f} | {row['client_us_per_msg']:.1f} |")
         add("")
     return "\n".join(lines)
 
@@ -520,11 +527,11 @@ def main(argv: list[str] | None = None) -> int:
     meta["wall_s"] = round(time.monotonic() - t_start, 1)
     text = report(results, meta)
     (results / "REPORT.md").write_text(text + "\n")
-    summary = {"meta": meta, "ratios": ratios_text(results, rates)}
+    summary: dict[str, Any] = {"meta": meta, "ratios": ratios_text(results, rates)}
     for f in sorted(results.glob("*.json")):
         if f.name not in ("summary.json",):
             summary[f.stem] = {k: v for k, v in (load(results, f.name) or {}).items() if k != "runs"} \
-                if f.name != "storage.json" else load(results, f.name)
+                if f.name != "storage.json" else load_json(results, f.name)
     (results / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print()
     print(text)

@@ -596,7 +596,8 @@ async def _renew_load(args: argparse.Namespace) -> None:
 
     peer_trimq._quiet_logs()
     addr = peer_trimq.broker_addr(args)
-    stats = {"renewals": 0, "errors": 0, "held": 0, "latencies": []}
+    stats = {"renewals": 0, "errors": 0, "held": 0}
+    latencies: list[float] = []
     stop_at = trio.current_time() + args.warmup_s + args.cost_s
     measure_from = trio.current_time() + args.warmup_s
     interval = args.lease_ms / 3 / 1000
@@ -622,7 +623,7 @@ async def _renew_load(args: argparse.Namespace) -> None:
                         answer = await api.lock_batch_mq_lease(addr, group, f"cost-client-{i}", mqs, timeout_ms=5000)
                         if t >= measure_from:
                             stats["renewals"] += 1
-                            stats["latencies"].append(trio.current_time() - t)
+                            latencies.append(trio.current_time() - t)
                             stats["held"] = max(stats["held"], len(answer.held))
                     except Exception:
                         stats["errors"] += 1
@@ -636,7 +637,7 @@ async def _renew_load(args: argparse.Namespace) -> None:
     async with trio.open_nursery() as nursery:
         for ids in per_conn:
             nursery.start_soon(one_connection, ids)
-    lat = sorted(stats["latencies"])
+    lat = sorted(latencies)
     common.write_json(os.path.join(args.outdir, "load.json"), {
         "renewals": stats["renewals"], "errors": stats["errors"], "held_per_renewal": stats["held"],
         "renewals_per_s": round(stats["renewals"] / args.cost_s, 1),

@@ -93,7 +93,9 @@ def start_own_redis(start: Callable[[int], tuple[H, subprocess.Popen[bytes]]], s
         if wait_own_redis(host, port, proc, timeout):
             return handle, port
         code = proc.poll()
-        tried.append(f"{port} (redis-server exited with {code})" if code is not None
-                     else f"{port} (another process answers there)")
-        stop(handle)
+        if code is None:
+            stop(handle)
+            tried.append(f"{port} (another process answers there)")
+        else:  # reaped already: a stop by pid now could reach a process that took the pid over
+            tried.append(f"{port} (redis-server exited with {code})")
     raise RuntimeError(f"no Redis of our own after {attempts} ports: {', '.join(tried)}")

@@ -129,3 +129,21 @@ def test_a_launcher_that_gives_up_counts_as_a_failed_attempt() -> None:
         assert wait_own_redis(HOST, port, proc, 5)
     finally:
         _stop(proc)
+
+
+def test_a_server_still_running_beside_another_redis_is_stopped(squatter: socket.socket) -> None:
+    """Our process is alive but another Redis answers on the port: ours is stopped and the port left."""
+    taken = _listen_as(squatter, _redis_reply(1))
+    stopped: list[subprocess.Popen[bytes]] = []
+
+    def start_idle(port: int) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        return proc, proc
+
+    def stop(proc: subprocess.Popen[bytes]) -> None:
+        stopped.append(proc)
+        _stop(proc)
+
+    with pytest.raises(RuntimeError, match=rf"{taken} \(another process answers there\)"):
+        start_own_redis(start_idle, stop, attempts=1, pick_port=lambda: taken, timeout=20)
+    assert len(stopped) == 1 and stopped[0].returncode is not None

@@ -48,7 +48,7 @@ from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
 from bench.own_redis import ATTEMPTS, start_own_redis
-from bench.peer_trimq import broker_exe, fresh_address_file, listened_port
+from bench.peer_trimq import broker_env, broker_exe, broker_flags, fresh_address_file, launch_broker
 
 common = load_harness()
 
@@ -467,16 +467,8 @@ def start_broker(workdir: str) -> tuple[Any, str]:
     """A broker on a port it binds itself (port 0, read back from its broker.addr: no port picked ahead that
     another process could take first)."""
     address_file = fresh_address_file(os.path.join(workdir, "store"))
-    cmd = [*broker_exe(), "--listen", f"{HOST}:0", "--store", os.path.dirname(address_file), "--embedded-namesrv",
-           "--flush", "async", "--log-level", "warning", "--log-format", "json"]
-    env = dict(os.environ)
-    env["TRIMQ_BROKER_MAX_TRANSFER_COUNT_ON_MESSAGE_IN_MEMORY"] = "256"
-    env["TRIMQ_BROKER_MAX_TRANSFER_BYTES_ON_MESSAGE_IN_MEMORY"] = str(1024 * 1024)
-    srv = common.Server("trimq", cmd, env=env, log=os.path.join(workdir, "broker.log"), cwd=str(REPO))
-    port = listened_port(address_file, srv.proc, 30)
-    if not port:
-        srv.stop()
-        raise RuntimeError(f"trimq-broker did not start (see {workdir}/broker.log)")
+    cmd = [*broker_exe(), *broker_flags(f"{HOST}:0", os.path.dirname(address_file))]
+    srv, port = launch_broker(cmd, broker_env(), os.path.join(workdir, "broker.log"), address_file)
     return srv, f"{HOST}:{port}"
 
 

@@ -147,20 +147,47 @@ def broker_addr(args: Any) -> str:
     return f"{HOST}:{args.trimq_port}"
 
 
-def broker_env(args: Any) -> dict[str, str]:
+def broker_env(max_transfer: int = 256, max_transfer_kib: int = 1024) -> dict[str, str]:
+    """This process's environment with the broker's ``max_transfer_*_on_message_in_memory`` (the bench's
+    defaults: 256 messages, 1 MiB per pull answer)."""
     env = dict(os.environ)
-    env["TRIMQ_BROKER_MAX_TRANSFER_COUNT_ON_MESSAGE_IN_MEMORY"] = str(args.trimq_max_transfer)
-    env["TRIMQ_BROKER_MAX_TRANSFER_BYTES_ON_MESSAGE_IN_MEMORY"] = str(args.trimq_max_transfer_kib * 1024)
+    env["TRIMQ_BROKER_MAX_TRANSFER_COUNT_ON_MESSAGE_IN_MEMORY"] = str(max_transfer)
+    env["TRIMQ_BROKER_MAX_TRANSFER_BYTES_ON_MESSAGE_IN_MEMORY"] = str(max_transfer_kib * 1024)
     return env
+
+
+def args_broker_env(args: Any) -> dict[str, str]:
+    """:func:`broker_env` with the run's ``--trimq-max-transfer`` and ``--trimq-max-transfer-kib``."""
+    return broker_env(args.trimq_max_transfer, args.trimq_max_transfer_kib)
+
+
+def broker_flags(listen: str, store: str, flush: str = "async") -> list[str]:
+    """``trimq-broker``'s flags in every benchmark: one broker with an embedded name server, warnings only, as JSON."""
+    return ["--listen", listen, "--store", store, "--embedded-namesrv", "--flush", flush, "--log-level", "warning",
+            "--log-format", "json"]
+
+
+def launch_broker(cmd: list[str], env: dict[str, str], log: str, address_file: str, port: int = 0) -> tuple[Any, int]:
+    """Run a broker command as a harness Server; returns it and the port it listens on: read from
+    ``address_file`` when it was started on port 0, else ``port`` once that accepts connections. Stops it and
+    raises RuntimeError when it does not listen within 30 s."""
+    from common import Server, wait_port  # the harness's (shared/bench/peers/common.py)
+
+    srv = Server("trimq", cmd, env=env, log=log, cwd=str(_REPO))
+    if port == 0:
+        port = listened_port(address_file, srv.proc, 30)
+    elif not wait_port(HOST, port, 30):
+        port = 0
+    if not port:
+        srv.stop()
+        raise RuntimeError(f"trimq-broker did not start (see {log})")
+    return srv, port
 
 
 def start_server(workdir: str, args: Any) -> Any:
     """Start ``trimq-broker --embedded-namesrv`` on loopback with a fresh store; returns a harness Server."""
-    from common import Server, wait_port  # the harness's (shared/bench/peers/common.py)
-
     os.makedirs(workdir, exist_ok=True)
-    auto_port = not getattr(args, "trimq_port_fixed", args.trimq_port)
-    if auto_port:
+    if not getattr(args, "trimq_port_fixed", args.trimq_port):
         # A fresh port for every run (the child processes get it through args), bound by the broker itself
         # (port 0) and read back from STORE/broker.addr: a port picked here beforehand could be taken by another
         # process before the broker binds it ("Address already in use", seen in bench.takeover).
@@ -169,8 +196,7 @@ def start_server(workdir: str, args: Any) -> Any:
     else:
         args.trimq_port_fixed = args.trimq_port
     address_file = fresh_address_file(os.path.join(workdir, "store"))
-    flags = ["--listen", broker_addr(args), "--store", os.path.dirname(address_file), "--embedded-namesrv",
-             "--flush", args.trimq_flush, "--log-level", "warning", "--log-format", "json"]
+    flags = broker_flags(broker_addr(args), os.path.dirname(address_file), args.trimq_flush)
     cmd = [*broker_exe(), *flags]
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
     sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
@@ -193,15 +219,8 @@ def start_server(workdir: str, args: Any) -> Any:
                "sys.argv[2:]; from trimq.tools.broker import main; p = cProfile.Profile(time.process_time); "
                "p.runcall(main, standalone_mode=False); p.dump_stats(out)",
                out, *flags]
-    srv = Server("trimq", cmd, env=broker_env(args), log=os.path.join(workdir, "server.log"), cwd=str(_REPO))
-    if auto_port:
-        args.trimq_port = listened_port(address_file, srv.proc, 30)
-        up = args.trimq_port != 0
-    else:
-        up = wait_port(HOST, args.trimq_port, 30)
-    if not up:
-        srv.stop()
-        raise RuntimeError(f"trimq-broker did not start (see {workdir}/server.log)")
+    srv, args.trimq_port = launch_broker(cmd, args_broker_env(args), os.path.join(workdir, "server.log"),
+                                         address_file, args.trimq_port_fixed)
     return srv
 
 

@@ -38,7 +38,7 @@ import time
 from typing import Any
 
 from bench.harness import REPO, RESULTS
-from bench.peer_trimq import broker_exe, fresh_address_file, listened_port
+from bench.peer_trimq import broker_exe, broker_flags, fresh_address_file, listened_port
 
 HOST = "127.0.0.1"
 QUEUES = 8
@@ -243,8 +243,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     # port 0: the broker binds a port itself and writes it to STORE/broker.addr (a port picked here first could be
     # taken by another process before the broker binds it)
     address_file = fresh_address_file(os.path.join(workdir, "store"))
-    broker_cmd = [*broker_exe(), "--listen", f"{HOST}:0", "--store", os.path.dirname(address_file),
-                  "--embedded-namesrv", "--flush", "async", "--log-level", "warning"]
+    broker_cmd = [*broker_exe(), *broker_flags(f"{HOST}:0", os.path.dirname(address_file))]
     with open(os.path.join(workdir, "broker.log"), "wb") as blog:
         broker = subprocess.Popen(broker_cmd, cwd=str(REPO), stdout=blog, stderr=subprocess.STDOUT)
     runs: list[dict[str, Any]] = []

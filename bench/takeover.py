@@ -328,16 +328,15 @@ def read_assign(path: str) -> list[dict[str, Any]]:
 
 
 def _broker_cmd(workdir: str, args: argparse.Namespace) -> list[str]:
-    return [*peer_trimq.broker_exe(), "--listen", peer_trimq.broker_addr(args), "--store",
-            os.path.join(workdir, "store"), "--embedded-namesrv", "--flush", args.trimq_flush, "--log-level",
-            "warning", "--log-format", "json"]
+    return [*peer_trimq.broker_exe(), *peer_trimq.broker_flags(peer_trimq.broker_addr(args),
+                                                                os.path.join(workdir, "store"), args.trimq_flush)]
 
 
 def _restart_broker(workdir: str, args: argparse.Namespace) -> tuple[Any, int, int]:
     """Start the broker again on its store; returns (server, spawn ns, listening ns) — the port is polled
     every 5 ms, so ``listening`` is the moment it accepts connections to within that."""
     t_spawn = time.time_ns()
-    srv = common.Server("trimq", _broker_cmd(workdir, args), env=peer_trimq.broker_env(args),
+    srv = common.Server("trimq", _broker_cmd(workdir, args), env=peer_trimq.args_broker_env(args),
                         log=os.path.join(workdir, "server.log"), cwd=str(REPO))
     end = time.monotonic() + 60
     while time.monotonic() < end:

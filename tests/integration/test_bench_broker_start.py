@@ -101,3 +101,13 @@ def test_a_recorder_asked_for_wraps_the_broker_and_writes_on_stop(tmp_path: Path
     srv.stop()  # SIGTERM: the broker stops gracefully and the wrapper writes what it counted
     (saved,) = steps.glob("broker-*.json")
     assert any("serve" in task for task in json.loads(saved.read_text()))
+
+
+def test_a_broker_that_does_not_start_is_a_clear_error(tmp_path: Path) -> None:
+    """launch_broker: a process that exits before it listens fails at once, naming its log (not after 30 s)."""
+    load_harness()
+    log = str(tmp_path / "broker.log")
+    cmd = [sys.executable, "-c", "import sys; print('bad flag: --flush nope'); sys.exit(2)"]
+    with pytest.raises(RuntimeError, match=rf"trimq-broker did not start \(see {log}\)"):
+        peer_trimq.launch_broker(cmd, peer_trimq.broker_env(), log, str(tmp_path / "broker.addr"))
+    assert "bad flag" in Path(log).read_text()

@@ -239,8 +239,9 @@ def _redis_module(args: argparse.Namespace, port: int | None = None) -> Any:
     """The harness's peer_redis, on this run's own port (another benchmark may use its fixed one meanwhile)."""
     import peer_redis
 
-    if port or args.redis_port:
-        peer_redis.PORT = port or args.redis_port
+    port = port or args.redis_port
+    if port:
+        peer_redis.PORT = port
     return peer_redis
 
 

@@ -85,6 +85,13 @@ def test_redis_pid_is_none_for_another_protocol_or_nothing(squatter: socket.sock
     assert redis_pid(HOST, free_port()) is None
 
 
+@pytest.mark.parametrize("reply", [b"$40\r\nprocess_id:7\r\n", b"$x\r\n", b"$", b"+OK\r\n"],
+                         ids=["truncated bulk", "bad size", "no line end", "not a bulk string"])
+def test_redis_pid_is_none_for_a_malformed_reply(squatter: socket.socket, reply: bytes) -> None:
+    port = _listen_as(squatter, reply)
+    assert redis_pid(HOST, port) is None
+
+
 def test_a_squatted_port_is_left_for_a_free_one(squatter: socket.socket) -> None:
     """The race the plain connect check lost: the picked port was taken before Redis bound it; another Redis
     answers there. The start moves to the next port and returns the server it started."""

@@ -113,10 +113,11 @@ def _make_pairs() -> list[int]:
     the key depends on the byte order."""
     if not _PAIRS:
         times31 = [b * 31 for b in range(256)]
-        for high in range(256):
-            if sys.byteorder == "little":  # low byte first: 31 * low + high
+        if sys.byteorder == "little":  # low byte first: 31 * low + high
+            for high in range(256):
                 _PAIRS.extend([t + high for t in times31])
-            else:  # high byte first: 31 * high + low
+        else:  # high byte first: 31 * high + low
+            for high in range(256):
                 _PAIRS.extend(range(times31[high], times31[high] + 256))
     return _PAIRS
 

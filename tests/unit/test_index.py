@@ -125,6 +125,20 @@ def test_load_builds_the_pair_table_before_the_first_dispatch(tmp_path: Path,
     assert java_string_hash("ab" * 20) == java_hash_by_definition("ab" * 20)
 
 
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+def test_the_pair_table_on_either_byte_order(monkeypatch: pytest.MonkeyPatch, byteorder: str) -> None:
+    """A key's bytes read as native uint16: on a big-endian machine the first byte is the high one."""
+    from trimq.broker.store import index
+
+    monkeypatch.setattr(index, "_PAIRS", [])
+    monkeypatch.setattr(sys, "byteorder", byteorder)
+    pairs = index._make_pairs()
+    assert len(pairs) == 65536
+    for first, second in ((0, 0), (0x41, 0x7A), (0xFF, 0x01), (0x01, 0xFF), (0xFF, 0xFF)):
+        native = (first | second << 8) if byteorder == "little" else (first << 8 | second)
+        assert pairs[native] == 31 * first + second
+
+
 def test_keys_of() -> None:
     assert keys_of("a b  c", "U1") == ["U1", "a", "b", "c"]
     assert keys_of(None, None) == []

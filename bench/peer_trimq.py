@@ -85,7 +85,7 @@ def version() -> str:
 
 
 def fresh_address_file(store: str) -> str:
-    """``STORE/broker.addr``, where a broker started on port 0 writes the port it got; a file an earlier run left
+    """``STORE/broker.addr``, where a broker writes the address it listens on; a file an earlier run left
     there is removed first, so it cannot be read as this run's."""
     path = os.path.join(store, "broker.addr")
     with contextlib.suppress(FileNotFoundError):
@@ -94,7 +94,7 @@ def fresh_address_file(store: str) -> str:
 
 
 def listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
-    """The port a broker started on port 0 listens on, from the ``broker.addr`` it writes once it listens
+    """The port a broker listens on, from the ``broker.addr`` it writes once it listens
     (atomically: written aside, then renamed), so the port accepts connections when this returns; 0 if the
     process exits or does not write it within ``timeout_s``."""
     end = time.monotonic() + timeout_s
@@ -168,20 +168,19 @@ def broker_flags(listen: str, store: str, flush: str = "async") -> list[str]:
 
 
 def launch_broker(cmd: list[str], env: dict[str, str], log: str, address_file: str, port: int = 0) -> tuple[Any, int]:
-    """Run a broker command as a harness Server; returns it and the port it listens on: read from
-    ``address_file`` when it was started on port 0, else ``port`` once that accepts connections. Stops it and
-    raises RuntimeError when it does not listen within 30 s."""
-    from common import Server, wait_port  # the harness's (shared/bench/peers/common.py)
+    """Run a broker command as a harness Server; returns it and the port it listens on, read from the
+    ``address_file`` it writes once it listens (on the fixed ``port`` when one is given, else on the port it bound).
+    Stops it and raises RuntimeError, at once when it exits, when it does not listen within 30 s."""
+    from common import Server  # the harness's (shared/bench/peers/common.py)
 
     srv = Server("trimq", cmd, env=env, log=log, cwd=str(_REPO))
-    if port == 0:
-        port = listened_port(address_file, srv.proc, 30)
-    elif not wait_port(HOST, port, 30):
-        port = 0
-    if not port:
+    # The address file for a fixed port too: the harness's wait_port would wait out its 30 s for a broker that
+    # had already exited (its port taken, a bad flag).
+    listened = listened_port(address_file, srv.proc, 30)
+    if not listened or (port and listened != port):
         srv.stop()
         raise RuntimeError(f"trimq-broker did not start (see {log})")
-    return srv, port
+    return srv, listened
 
 
 def start_server(workdir: str, args: Any) -> Any:

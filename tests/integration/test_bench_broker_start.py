@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,32 @@ def test_a_broker_that_does_not_start_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=rf"trimq-broker did not start \(see {log}\)"):
         peer_trimq.launch_broker(cmd, peer_trimq.broker_env(), log, str(tmp_path / "broker.addr"))
     assert "bad flag" in Path(log).read_text()
+
+
+def test_a_fixed_port_is_read_back_and_a_taken_one_fails_at_once(tmp_path: Path) -> None:
+    """``--trimq-port N``: the broker's own broker.addr says it listens on N. When N is taken the broker exits, and
+    the start fails then, naming the log, instead of waiting 30 s on a port nobody of ours will open."""
+    load_harness()
+    with socket.socket() as probe:
+        probe.bind((peer_trimq.HOST, 0))
+        free = probe.getsockname()[1]
+    args = _args()
+    args.trimq_port = free
+    srv = peer_trimq.start_server(str(tmp_path / "free"), args)
+    try:
+        assert args.trimq_port == args.trimq_port_fixed == free
+        with socket.create_connection((peer_trimq.HOST, free), timeout=5):
+            pass
+    finally:
+        srv.stop()
+
+    with socket.socket() as squatter:
+        squatter.bind((peer_trimq.HOST, 0))
+        squatter.listen()
+        taken = _args()
+        taken.trimq_port = squatter.getsockname()[1]
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"trimq-broker did not start \(see .*server\.log\)"):
+            peer_trimq.start_server(str(tmp_path / "taken"), taken)
+        assert time.monotonic() - began < 20  # the broker's exit ended the wait, not the 30 s timeout
+    assert "in use" in (tmp_path / "taken" / "server.log").read_text().lower()

@@ -170,7 +170,7 @@ def broker_flags(listen: str, store: str, flush: str = "async") -> list[str]:
 def launch_broker(cmd: list[str], env: dict[str, str], log: str, address_file: str, port: int = 0) -> tuple[Any, int]:
     """Run a broker command as a harness Server; returns it and the port it listens on, read from the
     ``address_file`` it writes once it listens (on the fixed ``port`` when one is given, else on the port it bound).
-    Stops it and raises RuntimeError, at once when it exits, when it does not listen within 30 s."""
+    Stops it and raises RuntimeError when it does not listen within 30 s, or at once when it exits first."""
     from common import Server  # the harness's (shared/bench/peers/common.py)
 
     srv = Server("trimq", cmd, env=env, log=log, cwd=str(_REPO))

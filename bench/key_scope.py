@@ -47,7 +47,7 @@ from array import array
 from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
-from bench.own_redis import ATTEMPTS, start_own_redis
+from bench.own_redis import start_harness_redis
 from bench.peer_trimq import broker_env, broker_exe, broker_flags, fresh_address_file, launch_broker
 
 common = load_harness()
@@ -235,26 +235,13 @@ async def _produce_trio(args: argparse.Namespace, work: list[tuple[int, str, int
 
 # ---------------------------------------------------------------------------------------------- redis roles
 
-def _redis_module(args: argparse.Namespace, port: int | None = None) -> Any:
+def _redis_module(args: argparse.Namespace) -> Any:
     """The harness's peer_redis, on this run's own port (another benchmark may use its fixed one meanwhile)."""
     import peer_redis
 
-    port = port or args.redis_port
-    if port:
-        peer_redis.PORT = port
+    if args.redis_port:
+        peer_redis.PORT = args.redis_port
     return peer_redis
-
-
-def _start_redis(args: argparse.Namespace, wargs: Any, server_dir: str) -> tuple[Any, int]:
-    """The harness's Redis on ``--redis-port``, or on a free port checked to be served by it (bench.own_redis)."""
-
-    def start(port: int) -> tuple[Any, subprocess.Popen[bytes]]:
-        srv = _redis_module(args, port).start_server(server_dir, wargs)
-        return srv, srv.proc
-
-    fixed = args.redis_port
-    return start_own_redis(start, lambda srv: srv.stop(), HOST, attempts=1 if fixed else ATTEMPTS,
-                           pick_port=(lambda: fixed) if fixed else None)
 
 
 def role_redis_consume(args: argparse.Namespace) -> None:
@@ -412,8 +399,9 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
     try:
         if system == "redis":
             wargs = workload_args(args, messages)
-            srv, port = _start_redis(args, wargs, os.path.join(outdir, "redis"))
-            peer_redis = _redis_module(args, port)
+            # on --redis-port, or on a free port checked to be served by it (bench.own_redis)
+            peer_redis = _redis_module(args)
+            srv, port = start_harness_redis(peer_redis, os.path.join(outdir, "redis"), wargs, args.redis_port)
             asyncio.run(peer_redis.setup(wargs))
             common_flags = ["--messages", str(messages), "--listener", listener, "--redis-port", str(port)]
             procs = [_spawn(args, "redis-consume", outdir, ["--cid", str(c), *common_flags]) for c in range(CONSUMERS)]

@@ -14,9 +14,9 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["HOST", "free_port", "redis_pid", "start_own_redis", "wait_own_redis"]
+__all__ = ["HOST", "free_port", "redis_pid", "start_harness_redis", "start_own_redis", "wait_own_redis"]
 
 HOST = "127.0.0.1"
 ATTEMPTS = 5
@@ -55,7 +55,8 @@ def redis_pid(host: str, port: int, timeout: float = 0.5) -> int | None:
         return None
     for line in body[:size].split(b"\r\n"):
         if line.startswith(b"process_id:"):
-            return int(line[len(b"process_id:"):])
+            pid = line[len(b"process_id:"):]
+            return int(pid) if pid.isdigit() else None
     return None
 
 
@@ -99,3 +100,21 @@ def start_own_redis(start: Callable[[int], tuple[H, subprocess.Popen[bytes]]], s
         else:  # reaped already: a stop by pid now could reach a process that took the pid over
             tried.append(f"{port} (redis-server exited with {code})")
     raise RuntimeError(f"no Redis of our own after {attempts} ports: {', '.join(tried)}")
+
+
+def start_harness_redis(peer_redis: Any, server_dir: str, args: Any, port: int = 0,
+                        on_port: Callable[[int], None] | None = None) -> tuple[Any, int]:
+    """The harness's Redis (``peer_redis.start_server``, which listens on ``peer_redis.PORT``) proved to be ours:
+    on ``port`` (one attempt) or on free ports; ``on_port`` hears each port before its start (to hand it to role
+    processes). Returns the harness Server and the port."""
+
+    def start(chosen: int) -> tuple[Any, subprocess.Popen[bytes]]:
+        peer_redis.PORT = chosen
+        if on_port is not None:
+            on_port(chosen)
+        srv = peer_redis.start_server(server_dir, args)
+        return srv, srv.proc
+
+    if port:
+        return start_own_redis(start, lambda srv: srv.stop(), attempts=1, pick_port=lambda: port)
+    return start_own_redis(start, lambda srv: srv.stop())

@@ -30,7 +30,7 @@ from array import array
 from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
-from bench.own_redis import start_own_redis
+from bench.own_redis import start_harness_redis
 
 common = load_harness()
 
@@ -153,13 +153,10 @@ def start_server(args: argparse.Namespace, mod: Any, server_dir: str) -> Any:
     if args.peer != "redis":
         return mod.start_server(server_dir, args)
 
-    def start(port: int) -> tuple[Any, subprocess.Popen[bytes]]:
-        mod.PORT = port
+    def hand_to_roles(port: int) -> None:
         os.environ[REDIS_PORT_ENV] = str(port)  # inherited by the role processes
-        srv = mod.start_server(server_dir, args)
-        return srv, srv.proc
 
-    srv, _ = start_own_redis(start, lambda s: s.stop())
+    srv, _ = start_harness_redis(mod, server_dir, args, on_port=hand_to_roles)
     return srv
 
 

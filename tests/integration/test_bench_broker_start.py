@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 
 from bench import peer_trimq
 from bench.harness import load_harness
+from bench.own_redis import free_port
 
 
 def _args() -> argparse.Namespace:
@@ -118,9 +120,7 @@ def test_a_fixed_port_is_read_back_and_a_taken_one_fails_at_once(tmp_path: Path)
     """``--trimq-port N``: the broker's own broker.addr says it listens on N. When N is taken the broker exits, and
     the start fails then, naming the log, instead of waiting 30 s on a port nobody of ours will open."""
     load_harness()
-    with socket.socket() as probe:
-        probe.bind((peer_trimq.HOST, 0))
-        free = probe.getsockname()[1]
+    free = free_port(peer_trimq.HOST)
     args = _args()
     args.trimq_port = free
     srv = peer_trimq.start_server(str(tmp_path / "free"), args)
@@ -141,3 +141,19 @@ def test_a_fixed_port_is_read_back_and_a_taken_one_fails_at_once(tmp_path: Path)
             peer_trimq.start_server(str(tmp_path / "taken"), taken)
         assert time.monotonic() - began < 20  # the broker's exit ended the wait, not the 30 s timeout
     assert "in use" in (tmp_path / "taken" / "server.log").read_text().lower()
+
+
+def test_a_broker_on_another_port_than_the_fixed_one_is_stopped(tmp_path: Path) -> None:
+    """launch_broker with a fixed port: an address file naming another port (not the broker asked for) is an error,
+    and the process is stopped, not left running."""
+    load_harness()
+    address_file, pid_file = tmp_path / "broker.addr", tmp_path / "pid"
+    fake = ("import os, sys, time; open(sys.argv[2], 'w').write(str(os.getpid()))\n"
+            "open(sys.argv[1] + '.tmp', 'w').write('127.0.0.1:1\\n'); os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+            "time.sleep(60)")
+    cmd = [sys.executable, "-c", fake, str(address_file), str(pid_file)]
+    with pytest.raises(RuntimeError, match="trimq-broker did not start"):
+        peer_trimq.launch_broker(cmd, peer_trimq.broker_env(), str(tmp_path / "broker.log"), str(address_file),
+                                 port=free_port(peer_trimq.HOST))
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # stopped and reaped

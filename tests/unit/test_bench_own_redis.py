@@ -11,10 +11,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from bench.own_redis import HOST, free_port, redis_pid, start_own_redis, wait_own_redis
+from bench.own_redis import HOST, free_port, redis_pid, start_harness_redis, start_own_redis, wait_own_redis
 
 FAKE_REDIS = r"""
 import os, socket, sys
@@ -85,8 +87,9 @@ def test_redis_pid_is_none_for_another_protocol_or_nothing(squatter: socket.sock
     assert redis_pid(HOST, free_port()) is None
 
 
-@pytest.mark.parametrize("reply", [b"$40\r\nprocess_id:7\r\n", b"$x\r\n", b"$", b"+OK\r\n"],
-                         ids=["truncated bulk", "bad size", "no line end", "not a bulk string"])
+@pytest.mark.parametrize("reply", [b"$40\r\nprocess_id:7\r\n", b"$x\r\n", b"$", b"+OK\r\n",
+                                   b"$15\r\nprocess_id:x7\r\n\r\n"],
+                         ids=["truncated bulk", "bad size", "no line end", "not a bulk string", "pid not a number"])
 def test_redis_pid_is_none_for_a_malformed_reply(squatter: socket.socket, reply: bytes) -> None:
     port = _listen_as(squatter, reply)
     assert redis_pid(HOST, port) is None
@@ -154,3 +157,45 @@ def test_a_server_still_running_beside_another_redis_is_stopped(squatter: socket
     with pytest.raises(RuntimeError, match=rf"{taken} \(another process answers there\)"):
         start_own_redis(start_idle, stop, attempts=1, pick_port=lambda: taken, timeout=20)
     assert len(stopped) == 1 and stopped[0].returncode is not None
+
+
+class _HarnessServer:
+    """What the harness's Server offers start_harness_redis: the process and stop()."""
+
+    def __init__(self, port: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", FAKE_REDIS, str(port)])
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+def _peer_redis() -> Any:
+    """A stand-in for the harness's peer_redis module: start_server listens on the module's PORT."""
+    mod = SimpleNamespace(PORT=6379, started=[])
+
+    def start_server(server_dir: str, args: Any) -> _HarnessServer:
+        mod.started.append(mod.PORT)
+        return _HarnessServer(mod.PORT)
+
+    mod.start_server = start_server
+    return mod
+
+
+def test_harness_redis_on_a_free_port_is_told_to_the_caller() -> None:
+    mod = _peer_redis()
+    heard: list[int] = []
+    srv, port = start_harness_redis(mod, "unused", None, on_port=heard.append)
+    try:
+        assert mod.PORT == port == heard[-1] == mod.started[-1] != 6379
+        assert redis_pid(HOST, port) == srv.proc.pid
+    finally:
+        srv.stop()
+
+
+def test_harness_redis_on_a_taken_fixed_port_is_one_clear_failure(squatter: socket.socket) -> None:
+    """``--redis-port N`` with N served by another Redis: one attempt, no wandering to other ports."""
+    taken = _listen_as(squatter, _redis_reply(1))
+    mod = _peer_redis()
+    with pytest.raises(RuntimeError, match=rf"after 1 ports: {taken} \("):
+        start_harness_redis(mod, "unused", None, port=taken)
+    assert mod.started == [taken]

@@ -37,8 +37,8 @@ import tempfile
 import time
 from typing import Any
 
-from bench.harness import REPO, RESULTS
-from bench.peer_trimq import broker_exe, broker_flags, fresh_address_file, listened_port
+from bench.harness import REPO, RESULTS, load_harness
+from bench.peer_trimq import broker_exe, broker_flags, fresh_address_file, launch_broker
 
 HOST = "127.0.0.1"
 QUEUES = 8
@@ -244,15 +244,16 @@ def orchestrate(args: argparse.Namespace) -> int:
     # taken by another process before the broker binds it)
     address_file = fresh_address_file(os.path.join(workdir, "store"))
     broker_cmd = [*broker_exe(), *broker_flags(f"{HOST}:0", os.path.dirname(address_file))]
-    with open(os.path.join(workdir, "broker.log"), "wb") as blog:
-        broker = subprocess.Popen(broker_cmd, cwd=str(REPO), stdout=blog, stderr=subprocess.STDOUT)
+    load_harness()  # launch_broker runs it as the harness's Server
+    try:
+        # the broker's own defaults (no bench transfer settings): the SDK as a user runs it
+        broker, port = launch_broker(broker_cmd, dict(os.environ), os.path.join(workdir, "broker.log"), address_file)
+    except RuntimeError as exc:
+        print(f"sdk_loops: {exc}", file=sys.stderr)
+        return 1
+    args.namesrv = f"{HOST}:{port}"
     runs: list[dict[str, Any]] = []
     try:
-        port = listened_port(address_file, broker, 30)
-        args.namesrv = f"{HOST}:{port}"
-        if not port:
-            print(f"sdk_loops: the broker did not start (see {workdir}/broker.log)", file=sys.stderr)
-            return 1
         index = 0
         for profile in args.profiles.split(","):
             for r in range(args.runs):
@@ -261,12 +262,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     runs.append(one_run(args, workdir, profile, loop, index))
                     index += 1
     finally:
-        broker.terminate()  # our own child, by PID
-        try:
-            broker.wait(20)
-        except subprocess.TimeoutExpired:
-            broker.kill()
-            broker.wait()
+        broker.stop()
     result: dict[str, Any] = {"rate": args.rate, "seconds": args.seconds, "runs_per_loop": args.runs,
                               "target_ratio": TARGET_RATIO, "profiles": {}, "runs": runs}
     for profile in args.profiles.split(","):

@@ -48,7 +48,7 @@ from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
 from bench.own_redis import start_harness_redis
-from bench.peer_trimq import broker_env, broker_exe, broker_flags, fresh_address_file, launch_broker
+from bench.peer_trimq import broker_env, start_broker_on_own_port
 
 common = load_harness()
 
@@ -453,11 +453,8 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
 
 
 def start_broker(workdir: str) -> tuple[Any, str]:
-    """A broker on a port it binds itself (port 0, read back from its broker.addr: no port picked ahead that
-    another process could take first)."""
-    address_file = fresh_address_file(os.path.join(workdir, "store"))
-    cmd = [*broker_exe(), *broker_flags(f"{HOST}:0", os.path.dirname(address_file))]
-    srv, port = launch_broker(cmd, broker_env(), os.path.join(workdir, "broker.log"), address_file)
+    """A broker with the bench's transfer settings on a port of its own; returns it and its address."""
+    srv, port = start_broker_on_own_port(workdir, broker_env())
     return srv, f"{HOST}:{port}"
 
 

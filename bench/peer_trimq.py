@@ -53,20 +53,23 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPIC = "Orders"
 GROUP = "bench_orderly"
 PRODUCER_GROUP = "bench_producer"
+# What one pull answer may carry (the broker's max_transfer_*_on_message_in_memory) in every benchmark by default.
+MAX_TRANSFER = 256
+MAX_TRANSFER_KIB = 1024
 
 
 def add_args(p: Any) -> None:
     g = p.add_argument_group("trimq")
-    g.add_argument("--trimq-port", type=int, default=0, help="broker port (0: pick a free one)")
+    g.add_argument("--trimq-port", type=int, default=0, help="broker port (0: the broker binds a free one)")
     g.add_argument("--trimq-flush", default="async", choices=["async", "sync"], help="broker flush mode")
     g.add_argument("--trimq-pull-batch", type=int, default=256, help="consumer pull_batch_size")
     g.add_argument("--trimq-consume-batch", type=int, default=64,
                    help="consumer consume_message_batch_max_size (messages per listener call)")
     g.add_argument("--trimq-pull-interval", type=int, default=0,
                    help="consumer pull_interval, ms (pause between two pulls of a queue: bigger batches, more latency)")
-    g.add_argument("--trimq-max-transfer", type=int, default=256,
+    g.add_argument("--trimq-max-transfer", type=int, default=MAX_TRANSFER,
                    help="broker max_transfer_count_on_message_in_memory (most messages one pull returns)")
-    g.add_argument("--trimq-max-transfer-kib", type=int, default=1024,
+    g.add_argument("--trimq-max-transfer-kib", type=int, default=MAX_TRANSFER_KIB,
                    help="broker max_transfer_bytes_on_message_in_memory, KiB")
     g.add_argument("--trimq-stages", type=int, default=0,
                    help="1: consumers record per-stage timestamps of every message (scheduled, born, stored, "
@@ -96,14 +99,17 @@ def fresh_address_file(store: str) -> str:
 def listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
     """The port a broker listens on, from the ``broker.addr`` it writes once it listens
     (atomically: written aside, then renamed), so the port accepts connections when this returns; 0 if the
-    process exits or does not write it within ``timeout_s``."""
+    process exits or does not write it within ``timeout_s``, or the file does not end in a port number."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and proc.poll() is None:
         try:
             with open(address_file) as f:
-                return int(f.read().strip().rpartition(":")[2])
+                text = f.read()
         except FileNotFoundError:
             time.sleep(0.01)
+            continue
+        port = text.strip().rpartition(":")[2]
+        return int(port) if port.isdigit() else 0  # not HOST:PORT: not a broker we can reach
     return 0
 
 
@@ -147,9 +153,9 @@ def broker_addr(args: Any) -> str:
     return f"{HOST}:{args.trimq_port}"
 
 
-def broker_env(max_transfer: int = 256, max_transfer_kib: int = 1024) -> dict[str, str]:
-    """This process's environment with the broker's ``max_transfer_*_on_message_in_memory`` (the bench's
-    defaults: 256 messages, 1 MiB per pull answer)."""
+def broker_env(max_transfer: int = MAX_TRANSFER, max_transfer_kib: int = MAX_TRANSFER_KIB) -> dict[str, str]:
+    """This process's environment with the broker's ``max_transfer_*_on_message_in_memory`` (by default the
+    bench's: :data:`MAX_TRANSFER` messages, :data:`MAX_TRANSFER_KIB` KiB per pull answer)."""
     env = dict(os.environ)
     env["TRIMQ_BROKER_MAX_TRANSFER_COUNT_ON_MESSAGE_IN_MEMORY"] = str(max_transfer)
     env["TRIMQ_BROKER_MAX_TRANSFER_BYTES_ON_MESSAGE_IN_MEMORY"] = str(max_transfer_kib * 1024)
@@ -181,6 +187,15 @@ def launch_broker(cmd: list[str], env: dict[str, str], log: str, address_file: s
         srv.stop()
         raise RuntimeError(f"trimq-broker did not start (see {log})")
     return srv, listened
+
+
+def start_broker_on_own_port(workdir: str, env: dict[str, str]) -> tuple[Any, int]:
+    """A broker with the benchmarks' flags (:func:`broker_flags`), its store and ``broker.log`` under ``workdir``,
+    on a port it binds itself (port 0, read back from STORE/broker.addr: a port picked here first could be taken
+    by another process before the broker binds it); returns the harness Server and the port."""
+    address_file = fresh_address_file(os.path.join(workdir, "store"))
+    cmd = [*broker_exe(), *broker_flags(f"{HOST}:0", os.path.dirname(address_file))]
+    return launch_broker(cmd, env, os.path.join(workdir, "broker.log"), address_file)
 
 
 def start_server(workdir: str, args: Any) -> Any:

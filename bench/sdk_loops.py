@@ -38,7 +38,7 @@ import time
 from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
-from bench.peer_trimq import broker_exe, broker_flags, fresh_address_file, launch_broker
+from bench.peer_trimq import start_broker_on_own_port
 
 HOST = "127.0.0.1"
 QUEUES = 8
@@ -240,14 +240,10 @@ def one_run(args: argparse.Namespace, workdir: str, profile: str, loop: str, ind
 
 def orchestrate(args: argparse.Namespace) -> int:
     workdir = tempfile.mkdtemp(prefix="trimq-sdk-loops-")
-    # port 0: the broker binds a port itself and writes it to STORE/broker.addr (a port picked here first could be
-    # taken by another process before the broker binds it)
-    address_file = fresh_address_file(os.path.join(workdir, "store"))
-    broker_cmd = [*broker_exe(), *broker_flags(f"{HOST}:0", os.path.dirname(address_file))]
-    load_harness()  # launch_broker runs it as the harness's Server
+    load_harness()  # the broker runs as the harness's Server
     try:
         # the broker's own defaults (no bench transfer settings): the SDK as a user runs it
-        broker, port = launch_broker(broker_cmd, dict(os.environ), os.path.join(workdir, "broker.log"), address_file)
+        broker, port = start_broker_on_own_port(workdir, dict(os.environ))
     except RuntimeError as exc:
         print(f"sdk_loops: {exc}", file=sys.stderr)
         return 1

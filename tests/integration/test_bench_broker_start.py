@@ -24,6 +24,16 @@ from bench.harness import load_harness
 from bench.own_redis import free_port
 
 
+def _fake_broker(address_file: Path, pid_file: Path, address: str) -> list[str]:
+    """A process that writes its pid, then ``address`` to ``address_file`` as a broker does (aside, then renamed),
+    and stays up."""
+    fake = ("import os, sys, time; path, pid_file, address = sys.argv[1:]\n"
+            "open(pid_file, 'w').write(str(os.getpid()))\n"
+            "open(path + '.tmp', 'w').write(address + '\\n'); os.replace(path + '.tmp', path)\n"
+            "time.sleep(60)")
+    return [sys.executable, "-c", fake, str(address_file), str(pid_file), address]
+
+
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     peer_trimq.add_args(parser)
@@ -148,12 +158,38 @@ def test_a_broker_on_another_port_than_the_fixed_one_is_stopped(tmp_path: Path) 
     and the process is stopped, not left running."""
     load_harness()
     address_file, pid_file = tmp_path / "broker.addr", tmp_path / "pid"
-    fake = ("import os, sys, time; open(sys.argv[2], 'w').write(str(os.getpid()))\n"
-            "open(sys.argv[1] + '.tmp', 'w').write('127.0.0.1:1\\n'); os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
-            "time.sleep(60)")
-    cmd = [sys.executable, "-c", fake, str(address_file), str(pid_file)]
+    cmd = _fake_broker(address_file, pid_file, "127.0.0.1:1")
     with pytest.raises(RuntimeError, match="trimq-broker did not start"):
         peer_trimq.launch_broker(cmd, peer_trimq.broker_env(), str(tmp_path / "broker.log"), str(address_file),
                                  port=free_port(peer_trimq.HOST))
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # stopped and reaped
+
+
+def test_a_broker_on_its_own_port_listens_there(tmp_path: Path) -> None:
+    """start_broker_on_own_port (bench.key_scope, bench.sdk_loops): a real broker, its store and broker.log under
+    the work directory, listening on the port it bound and reported."""
+    load_harness()
+    srv, port = peer_trimq.start_broker_on_own_port(str(tmp_path), peer_trimq.broker_env())
+    try:
+        with socket.create_connection((peer_trimq.HOST, port), timeout=5):
+            pass
+        assert (tmp_path / "store" / "broker.addr").read_text().strip().endswith(f":{port}")
+        assert (tmp_path / "broker.log").exists()
+        assert srv.proc.poll() is None
+    finally:
+        srv.stop()
+
+
+def test_an_address_file_without_a_port_is_an_error_and_the_process_is_stopped(tmp_path: Path) -> None:
+    """listened_port gives 0 for a broker.addr that does not end in a port number (it raised ValueError, and
+    launch_broker then left the process running); launch_broker stops the process and raises RuntimeError."""
+    load_harness()
+    address_file, pid_file = tmp_path / "broker.addr", tmp_path / "pid"
+    cmd = _fake_broker(address_file, pid_file, "not an address")
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="trimq-broker did not start"):
+        peer_trimq.launch_broker(cmd, peer_trimq.broker_env(), str(tmp_path / "broker.log"), str(address_file))
+    assert time.monotonic() - began < 20  # the file was read and refused: no wait for the 30 s
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)  # stopped and reaped

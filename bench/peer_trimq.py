@@ -177,9 +177,9 @@ def launch_broker(cmd: list[str], env: dict[str, str], log: str, address_file: s
     """Run a broker command as a harness Server; returns it and the port it listens on, read from the
     ``address_file`` it writes once it listens (on the fixed ``port`` when one is given, else on the port it bound).
     Stops it and raises RuntimeError when it does not listen within 30 s, or at once when it exits first."""
-    from common import Server  # the harness's (shared/bench/peers/common.py)
+    from bench.harness import load_harness  # the harness's Server (shared/bench/peers/common.py), put on sys.path
 
-    srv = Server("trimq", cmd, env=env, log=log, cwd=str(_REPO))
+    srv = load_harness().Server("trimq", cmd, env=env, log=log, cwd=str(_REPO))
     # The address file for a fixed port too: the harness's wait_port would wait out its 30 s for a broker that
     # had already exited (its port taken, a bad flag).
     listened = listened_port(address_file, srv.proc, 30)

@@ -37,7 +37,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.harness import REPO, RESULTS, load_harness
+from bench.harness import REPO, RESULTS
 from bench.peer_trimq import start_broker_on_own_port
 
 HOST = "127.0.0.1"
@@ -240,7 +240,6 @@ def one_run(args: argparse.Namespace, workdir: str, profile: str, loop: str, ind
 
 def orchestrate(args: argparse.Namespace) -> int:
     workdir = tempfile.mkdtemp(prefix="trimq-sdk-loops-")
-    load_harness()  # the broker runs as the harness's Server
     try:
         # the broker's own defaults (no bench transfer settings): the SDK as a user runs it
         broker, port = start_broker_on_own_port(workdir, dict(os.environ))

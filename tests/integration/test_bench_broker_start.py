@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from bench import peer_trimq
-from bench.harness import load_harness
 from bench.own_redis import free_port
 
 
@@ -41,7 +40,6 @@ def _args() -> argparse.Namespace:
 
 
 def test_auto_port_is_the_one_the_broker_bound(tmp_path: Path) -> None:
-    load_harness()  # the harness's Server and wait_port
     first, second = _args(), _args()
     # a store kept from an earlier run reports a port no broker listens on: it must not be believed
     (tmp_path / "a" / "store").mkdir(parents=True)
@@ -66,7 +64,6 @@ def test_auto_port_is_the_one_the_broker_bound(tmp_path: Path) -> None:
 def test_a_port_taken_before_the_broker_binds_cannot_stop_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The race itself: whatever port the command line names is taken by another socket just before the broker
     process starts. With a port picked ahead this failed; with port 0 there is nothing to take."""
-    load_harness()
     taken: list[socket.socket] = []
     popen = subprocess.Popen
 
@@ -107,7 +104,6 @@ def test_listened_port_is_0_when_the_broker_exits_or_never_writes(tmp_path: Path
 
 def test_a_recorder_asked_for_wraps_the_broker_and_writes_on_stop(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    load_harness()
     steps = tmp_path / "steps"
     monkeypatch.setenv("TRIMQ_BENCH_STEPS", str(steps))
     srv = peer_trimq.start_server(str(tmp_path / "broker"), _args())
@@ -118,7 +114,6 @@ def test_a_recorder_asked_for_wraps_the_broker_and_writes_on_stop(tmp_path: Path
 
 def test_a_broker_that_does_not_start_is_a_clear_error(tmp_path: Path) -> None:
     """launch_broker: a process that exits before it listens fails at once, naming its log (not after 30 s)."""
-    load_harness()
     log = str(tmp_path / "broker.log")
     cmd = [sys.executable, "-c", "import sys; print('bad flag: --flush nope'); sys.exit(2)"]
     with pytest.raises(RuntimeError, match=rf"trimq-broker did not start \(see {log}\)"):
@@ -129,7 +124,6 @@ def test_a_broker_that_does_not_start_is_a_clear_error(tmp_path: Path) -> None:
 def test_a_fixed_port_is_read_back_and_a_taken_one_fails_at_once(tmp_path: Path) -> None:
     """``--trimq-port N``: the broker's own broker.addr says it listens on N. When N is taken the broker exits, and
     the start fails then, naming the log, instead of waiting 30 s on a port nobody of ours will open."""
-    load_harness()
     free = free_port(peer_trimq.HOST)
     args = _args()
     args.trimq_port = free
@@ -156,7 +150,6 @@ def test_a_fixed_port_is_read_back_and_a_taken_one_fails_at_once(tmp_path: Path)
 def test_a_broker_on_another_port_than_the_fixed_one_is_stopped(tmp_path: Path) -> None:
     """launch_broker with a fixed port: an address file naming another port (not the broker asked for) is an error,
     and the process is stopped, not left running."""
-    load_harness()
     address_file, pid_file = tmp_path / "broker.addr", tmp_path / "pid"
     cmd = _fake_broker(address_file, pid_file, "127.0.0.1:1")
     with pytest.raises(RuntimeError, match="trimq-broker did not start"):
@@ -169,7 +162,6 @@ def test_a_broker_on_another_port_than_the_fixed_one_is_stopped(tmp_path: Path) 
 def test_a_broker_on_its_own_port_listens_there(tmp_path: Path) -> None:
     """start_broker_on_own_port (bench.key_scope, bench.sdk_loops): a real broker, its store and broker.log under
     the work directory, listening on the port it bound and reported."""
-    load_harness()
     srv, port = peer_trimq.start_broker_on_own_port(str(tmp_path), peer_trimq.broker_env())
     try:
         with socket.create_connection((peer_trimq.HOST, port), timeout=5):
@@ -184,7 +176,6 @@ def test_a_broker_on_its_own_port_listens_there(tmp_path: Path) -> None:
 def test_an_address_file_without_a_port_is_an_error_and_the_process_is_stopped(tmp_path: Path) -> None:
     """listened_port gives 0 for a broker.addr that does not end in a port number (it raised ValueError, and
     launch_broker then left the process running); launch_broker stops the process and raises RuntimeError."""
-    load_harness()
     address_file, pid_file = tmp_path / "broker.addr", tmp_path / "pid"
     cmd = _fake_broker(address_file, pid_file, "not an address")
     began = time.monotonic()

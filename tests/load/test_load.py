@@ -256,17 +256,17 @@ def broker_proc(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, 
 
 
 @contextmanager
-def broker_process(tmp_path: Path, settings: dict[str, str],
-                   argv: list[str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+def broker_process(tmp_path: Path, settings: dict[str, str], argv: list[str] | None = None,
+                   log_level: str = "warning") -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     """``trimq-broker`` (or ``argv``) as a subprocess with ``settings`` (TRIMQ_BROKER_* variables) and nothing else
-    from the environment's TRIMQ_*; yields the process, its address and its log file."""
+    from the environment's TRIMQ_*; yields the process, its address and its (JSON) log file."""
     store = tmp_path / "store"
     log = tmp_path / "broker.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")} | settings
     command = argv or [str(Path(sys.executable).parent / "trimq-broker")]
     with open(log, "wb") as out:
         proc = subprocess.Popen([*command, "--listen", "127.0.0.1:0",
-                                 "--store", str(store), "--log-format", "json", "--log-level", "warning"],
+                                 "--store", str(store), "--log-format", "json", "--log-level", log_level],
                                 stdout=out, stderr=out, env=env)
     try:
         addr_file = store / "broker.addr"
@@ -415,12 +415,13 @@ SILENT_ENV = {
 SILENT_RSS_BOUND = 40 * MIB
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def metrics_port_from_log(log: Path) -> int:
+    """The port a broker started with ``metrics_port`` 0 bound, from its ``metrics.started`` log line (written
+    before the broker address file, so it is there once the broker is up)."""
+    for line in log.read_text().splitlines():
+        if '"metrics.started"' in line:
+            return int(json.loads(line)["address"].rsplit(":", 1)[1])
+    raise AssertionError(f"no metrics.started line in the broker's log:\n{log.read_text()}")
 
 
 async def scrape(port: int, name: str) -> float:
@@ -443,9 +444,10 @@ async def flood_and_measure(tmp_path: Path, settings: dict[str, str], argv: list
     """16 peers pipeline pulls with small answers and never read while a 17th reads; returns the broker's RSS
     growth, what the reader saw, and how many peers the broker closed (when ``until_closed``, after waiting for
     all of them to be closed, else after a fixed 6 s)."""
-    metrics_port = free_port()
-    metrics_env = {"TRIMQ_BROKER_METRICS_PORT": str(metrics_port)}
-    with broker_process(tmp_path, settings | metrics_env, argv) as (proc, addr, log):
+    # Port 0, not a port found free beforehand: nothing else can take it between the check and the bind.
+    metrics_env = {"TRIMQ_BROKER_METRICS_PORT": "0"}
+    with broker_process(tmp_path, settings | metrics_env, argv, log_level="info") as (proc, addr, log):
+        metrics_port = metrics_port_from_log(log)
         ps = psutil.Process(proc.pid)
         ensure_fds(200)
         with trio.fail_after(60):

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["HOST", "free_port", "redis_pid", "start_harness_redis", "start_own_redis", "wait_own_redis"]
+__all__ = ["HOST", "free_port", "redis_pid", "start_harness_redis", "start_own_redis", "stop_redis_process",
+           "wait_own_redis"]
 
 HOST = "127.0.0.1"
 ATTEMPTS = 5
@@ -74,6 +75,17 @@ def wait_own_redis(host: str, port: int, proc: subprocess.Popen[bytes], timeout:
             return False
         time.sleep(0.05)
     return False
+
+
+def stop_redis_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Stop a ``redis-server`` the benchmark started: SIGTERM (Redis writes its append-only file out and exits),
+    SIGKILL if it is still running after ``timeout`` seconds, so that a hung server never outlives the run."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def start_own_redis(start: Callable[[int], tuple[H, subprocess.Popen[bytes]]], stop: Callable[[H], None],

@@ -39,7 +39,7 @@ from typing import Any
 
 import trio
 
-from bench.own_redis import HOST, start_own_redis
+from bench.own_redis import HOST, start_own_redis, stop_redis_process
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
@@ -313,11 +313,6 @@ async def _redis_case(port: int, n: int, body_size: int, batch: int, window: int
     return append_s, read_s, append_s / (append_s + read_s)
 
 
-def _stop_redis(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    proc.wait(30)
-
-
 def run_redis(args: argparse.Namespace, work: Path) -> list[Row]:
     exe = shutil.which("redis-server")
     if exe is None:
@@ -335,7 +330,7 @@ def run_redis(args: argparse.Namespace, work: Path) -> list[Row]:
                                      "--logfile", str(d / "redis.log")], stdout=subprocess.DEVNULL)
             return proc, proc
 
-        proc, port = start_own_redis(start, _stop_redis, timeout=20)
+        proc, port = start_own_redis(start, stop_redis_process, timeout=20)
         try:
             cases: tuple[tuple[int, int, int], ...] = (
                 (256, args.messages, args.batch), (4096, args.messages // 5, max(1, args.batch // 4)))
@@ -351,7 +346,7 @@ def run_redis(args: argparse.Namespace, work: Path) -> list[Row]:
                 if fsync == "everysec":
                     rows.append(Row("redis", "pull 32/req", body, n, rd, sc * (1 - split), cc * (1 - split)))
         finally:
-            _stop_redis(proc)
+            stop_redis_process(proc)
     return rows
 
 

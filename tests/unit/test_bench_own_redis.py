@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from bench.own_redis import HOST, free_port, redis_pid, start_harness_redis, start_own_redis, wait_own_redis
+from bench.own_redis import (
+    HOST,
+    free_port,
+    redis_pid,
+    start_harness_redis,
+    start_own_redis,
+    stop_redis_process,
+    wait_own_redis,
+)
 
 FAKE_REDIS = r"""
 import os, socket, sys
@@ -199,3 +207,26 @@ def test_harness_redis_on_a_taken_fixed_port_is_one_clear_failure(squatter: sock
     with pytest.raises(RuntimeError, match=rf"after 1 ports: {taken} \("):
         start_harness_redis(mod, "unused", None, port=taken)
     assert mod.started == [taken]
+
+
+IGNORES_SIGTERM = r"""
+import signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_the_timeout() -> None:
+    """A hung redis-server must not outlive the benchmark (nor hang it): SIGKILL once SIGTERM has had its time."""
+    proc = subprocess.Popen([sys.executable, "-c", IGNORES_SIGTERM], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"  # the handler is in place
+    stop_redis_process(proc, timeout=0.2)
+    assert proc.returncode == -9
+    proc.stdout.close()
+
+
+def test_a_server_that_exits_on_sigterm_is_not_killed() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stop_redis_process(proc, timeout=10)
+    assert proc.returncode == -15

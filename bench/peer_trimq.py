@@ -215,24 +215,13 @@ def start_server(workdir: str, args: Any) -> Any:
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
     sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
     recorder = _recorder()
+    instrumented = [sys.executable, "-m", "bench.instrumented_broker"]
     if sample_dir:
-        out = os.path.join(sample_dir, "broker.txt")
-        cmd = [sys.executable, "-c", "import sys; out = sys.argv[1]; sys.argv = ['trimq-broker'] + sys.argv[2:]; "
-               "from bench.sampler import CpuSampler; import threading; from trimq.tools.broker import main; "
-               "s = CpuSampler(threading.get_ident()).__enter__()\n"
-               "try: main(standalone_mode=False)\nfinally:\n s.__exit__(); open(out, 'w').write(s.report(70))",
-               out, *flags]
+        cmd = [*instrumented, "sample", os.path.join(sample_dir, "broker.txt"), *flags]
     elif recorder:
-        cmd = [sys.executable, "-c", "import sys; sys.argv = ['trimq-broker'] + sys.argv[1:]; "
-               f"from bench import {recorder} as recorder; recorder.install(); from trimq.tools.broker import main\n"
-               "try: main(standalone_mode=False)\nfinally: recorder.write('broker')",
-               *flags]
+        cmd = [*instrumented, recorder, "broker", *flags]
     elif prof_dir:
-        out = os.path.join(prof_dir, "broker.prof")
-        cmd = [sys.executable, "-c", "import cProfile, sys, time; out = sys.argv[1]; sys.argv = ['trimq-broker'] + "
-               "sys.argv[2:]; from trimq.tools.broker import main; p = cProfile.Profile(time.process_time); "
-               "p.runcall(main, standalone_mode=False); p.dump_stats(out)",
-               out, *flags]
+        cmd = [*instrumented, "profile", os.path.join(prof_dir, "broker.prof"), *flags]
     srv, args.trimq_port = launch_broker(cmd, args_broker_env(args), os.path.join(workdir, "server.log"),
                                          address_file, args.trimq_port_fixed)
     return srv

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 
 
-class CpuSampler:
+class ChildCpuMeter:
     """CPU seconds of this process's children (the JVM and its Python workers) over an interval."""
 
     def __init__(self, interval: float = 0.1) -> None:
@@ -80,7 +80,7 @@ class CpuSampler:
             out[kind] += used - self.start.get(pid, 0.0)
         return out
 
-    def __enter__(self) -> CpuSampler:
+    def __enter__(self) -> ChildCpuMeter:
         self._sample()
         self._first = False
         self._thread.start()
@@ -261,7 +261,7 @@ def _timed_read(df: Any, F: Any) -> dict[str, Any]:
     """Aggregate ``df`` on the JVM (count, bytes, CRC failures) and time it, with the CPU of JVM and workers."""
     agg = df.agg(F.count(F.lit(1)).alias("rows"), F.sum("total_size").alias("bytes"),
                  F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("bad"))
-    with CpuSampler() as cpu:
+    with ChildCpuMeter() as cpu:
         t1 = time.perf_counter()
         row = agg.collect()[0]
         wall = time.perf_counter() - t1

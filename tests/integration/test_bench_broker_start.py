@@ -112,6 +112,24 @@ def test_a_recorder_asked_for_wraps_the_broker_and_writes_on_stop(tmp_path: Path
     assert any("serve" in task for task in json.loads(saved.read_text()))
 
 
+def test_a_sampled_broker_writes_its_samples_on_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIMQ_BENCH_SAMPLE", str(tmp_path))
+    monkeypatch.setenv("TRIMQ_BENCH_SAMPLE_INTERVAL_MS", "0.25")
+    srv = peer_trimq.start_server(str(tmp_path / "broker"), _args())
+    srv.stop()
+    assert (tmp_path / "broker.txt").read_text().strip()
+
+
+def test_a_profiled_broker_dumps_its_profile_on_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pstats
+
+    monkeypatch.setenv("TRIMQ_BENCH_PROFILE", str(tmp_path))
+    srv = peer_trimq.start_server(str(tmp_path / "broker"), _args())
+    srv.stop()
+    stats = pstats.Stats(str(tmp_path / "broker.prof"))
+    assert any(func[2] == "main" for func in stats.stats)  # type: ignore[attr-defined]
+
+
 def test_a_broker_that_does_not_start_is_a_clear_error(tmp_path: Path) -> None:
     """launch_broker: a process that exits before it listens fails at once, naming its log (not after 30 s)."""
     log = str(tmp_path / "broker.log")

@@ -5,11 +5,12 @@
 #
 #   deploy/spark/start-local-cluster.sh            # master spark://127.0.0.1:7077, a worker with 2 cores, 2g
 #   SPARK_MASTER_PORT=17077 WORKER_CORES=1 deploy/spark/start-local-cluster.sh
+#   SPARK_MASTER_PORT=0 deploy/spark/start-local-cluster.sh  # any free port, bound by the master itself
 #   deploy/spark/stop-local-cluster.sh             # stops both (by the PIDs recorded below)
 #
 # Settings (environment):
 #   PYTHON             the Python whose pyspark to use      (default: .venv/bin/python, else python3)
-#   SPARK_MASTER_PORT  master RPC port                      (default 7077)
+#   SPARK_MASTER_PORT  master RPC port; 0 = any free one    (default 7077)
 #   WORKER_CORES       cores the worker offers              (default 2)
 #   WORKER_MEMORY      memory the worker offers             (default 2g)
 #   STATE_DIR          pid files, logs and the worker dir   (default ${TMPDIR:-/tmp}/trimq-spark-cluster)
@@ -74,6 +75,12 @@ wait_for() {  # wait_for LOGFILE PATTERN PID
 echo $! >"$STATE/master.pid"
 trap 'echo "start-local-cluster: failed; stopping what started" >&2; STATE_DIR="$STATE" "$here/stop-local-cluster.sh"' EXIT
 wait_for "$STATE/logs/master.log" "I have been elected leader" "$(cat "$STATE/master.pid")"
+# The port the master bound (the one asked for, or the kernel's pick for 0), from its own start line.
+PORT=$(sed -n 's|.*Starting Spark master at spark://127\.0\.0\.1:\([0-9][0-9]*\).*|\1|p' "$STATE/logs/master.log" | head -n 1)
+if [ -z "$PORT" ]; then
+    echo "no 'Starting Spark master at' line in $STATE/logs/master.log" >&2
+    exit 1
+fi
 
 "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
     --host 127.0.0.1 --cores "$CORES" --memory "$MEMORY" --webui-port 0 --work-dir "$STATE/work" \

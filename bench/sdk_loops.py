@@ -1,6 +1,6 @@
 """The SDK on asyncio against the SDK on trio: the consumer process's CPU per message (issue 18 item 5).
 
-    python -m bench.sdk_loops [--rate 20000] [--seconds 6] [--runs 2] [--profiles peer,defaults]
+    python -m bench.sdk_loops [--rate 20000] [--seconds 6] [--runs 3] [--profiles peer,defaults]
 
 One broker (``trimq-broker --embedded-namesrv``, ASYNC_FLUSH) and, per run, a fresh topic of 8 queues, one
 consumer process and one paced producer process (``--rate`` msgs/s for ``--seconds``: a window of 100 messages
@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sdk_loops", description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=int, default=20_000, help="producer pace, msgs/s")
     p.add_argument("--seconds", type=float, default=6.0, help="seconds of production per run")
-    p.add_argument("--runs", type=int, default=2, help="runs per profile and loop (medians)")
+    p.add_argument("--runs", type=int, default=3, help="runs per profile and loop (medians; with 2, a median is a "
+                   "mean and one disturbed run moves it)")
     p.add_argument("--profiles", default="peer,defaults", help=f"comma-separated: {', '.join(PROFILES)}")
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--role", choices=["consume", "produce"], help=argparse.SUPPRESS)

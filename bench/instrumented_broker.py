@@ -6,19 +6,42 @@
     python -m bench.instrumented_broker gcstats NAME BROKER_FLAGS...   #   before the broker, write(NAME) after
 
 The broker runs in this process's main thread, as ``trimq-broker`` would; the instrument's output is written when
-it stops (the harness stops it with SIGTERM, a clean shutdown).
+it stops (the harness stops it with SIGTERM, a clean shutdown). The recorders' table and :func:`recording` serve the
+benchmark's client processes too (``bench.peer_trimq``), so that a variable asks for the same recorder everywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
-#: bench modules with ``install()`` (before ``trio.run``) and ``write(name)`` (after it)
-RECORDERS = ("taskstats", "gcstats")
+#: Recorders of a benchmark process, by the variable that asks for one (the first set wins): bench modules with
+#: ``install()`` (before ``trio.run``) and ``write(name)`` (after it).
+RECORDER_VARIABLES = (("TRIMQ_BENCH_STEPS", "taskstats"), ("TRIMQ_BENCH_GC", "gcstats"))
+RECORDERS = tuple(module for _, module in RECORDER_VARIABLES)
 INSTRUMENTS = ("sample", "profile", *RECORDERS)
+
+
+def recorder_asked() -> str | None:
+    """The recorder module this process's environment asks for, if any."""
+    return next((module for variable, module in RECORDER_VARIABLES if os.environ.get(variable)), None)
+
+
+@contextlib.contextmanager
+def recording(module: str, name: str) -> Iterator[None]:
+    """Install the recorder ``bench.<module>`` for the block (every ``trio.run`` started in it carries it) and
+    write what it recorded under ``name`` when the block ends, however it ends."""
+    recorder = importlib.import_module(f"bench.{module}")
+    recorder.install()
+    try:
+        yield
+    finally:
+        recorder.write(name)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,9 +49,12 @@ def main(argv: list[str] | None = None) -> None:
     if instrument not in INSTRUMENTS:
         raise SystemExit(f"unknown instrument {instrument!r}: one of {', '.join(INSTRUMENTS)}")
     sys.argv = ["trimq-broker", *flags]
-    recorder = importlib.import_module(f"bench.{instrument}") if instrument in RECORDERS else None
-    if recorder is not None:
-        recorder.install()  # before the broker's modules: every trio.run from here on carries it
+    if instrument in RECORDERS:
+        with recording(instrument, out):
+            from trimq.tools.broker import main as broker_main  # after install(): its trio.run carries the recorder
+
+            broker_main(standalone_mode=False)
+        return
     from trimq.tools.broker import main as broker_main
 
     if instrument == "sample":
@@ -41,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
             sampler.__exit__()
             with open(out, "w") as fh:
                 fh.write(sampler.report(70))
-    elif instrument == "profile":
+    else:
         import cProfile
 
         profile = cProfile.Profile(time.process_time)
@@ -49,13 +75,6 @@ def main(argv: list[str] | None = None) -> None:
             profile.runcall(broker_main, standalone_mode=False)
         finally:
             profile.dump_stats(out)
-    else:
-        assert recorder is not None
-        try:
-            broker_main(standalone_mode=False)
-        finally:
-            recorder.write(out)
-
 
 if __name__ == "__main__":
     main()

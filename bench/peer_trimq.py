@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import os
 import shutil
@@ -214,7 +213,9 @@ def start_server(workdir: str, args: Any) -> Any:
     cmd = [*broker_exe(), *flags]
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
     sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
-    recorder = _recorder()
+    from bench.instrumented_broker import recorder_asked
+
+    recorder = recorder_asked()
     instrumented = [sys.executable, "-m", "bench.instrumented_broker"]
     if sample_dir:
         cmd = [*instrumented, "sample", os.path.join(sample_dir, "broker.txt"), *flags]
@@ -239,26 +240,15 @@ async def setup(args: Any) -> None:
     await asyncio.to_thread(_run_trio, _setup_trio, args)
 
 
-# Recorders of a benchmark process, by the variable that asks for one (the first set wins): bench modules with
-# ``install()`` (before ``trio.run``) and ``write(name)`` (after it).
-_RECORDERS = (("TRIMQ_BENCH_STEPS", "taskstats"), ("TRIMQ_BENCH_GC", "gcstats"))
-
-
-def _recorder() -> str | None:
-    return next((module for variable, module in _RECORDERS if os.environ.get(variable)), None)
-
-
 def _run_trio(fn: Any, *a: Any) -> Any:
     import trio
 
-    recorder_name = _recorder()
-    if recorder_name:
-        recorder = importlib.import_module(f"bench.{recorder_name}")
-        recorder.install()
-        try:
+    from bench.instrumented_broker import recorder_asked, recording
+
+    recorder = recorder_asked()
+    if recorder:
+        with recording(recorder, fn.__name__):
             return trio.run(fn, *a)
-        finally:
-            recorder.write(fn.__name__)
 
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
     if not prof_dir:

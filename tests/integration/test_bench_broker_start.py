@@ -112,6 +112,22 @@ def test_a_recorder_asked_for_wraps_the_broker_and_writes_on_stop(tmp_path: Path
     assert any("serve" in task for task in json.loads(saved.read_text()))
 
 
+def test_the_gc_recorder_wraps_the_broker_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gc_dir = tmp_path / "gc"
+    monkeypatch.setenv("TRIMQ_BENCH_GC", str(gc_dir))
+    srv = peer_trimq.start_server(str(tmp_path / "broker"), _args())
+    srv.stop()
+    (saved,) = gc_dir.glob("broker-*.json")
+    assert isinstance(json.loads(saved.read_text()), dict)
+
+
+def test_an_unknown_instrument_is_a_clear_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.instrumented_broker", "flamegraph", "out", "--listen",
+                           "127.0.0.1:0"], capture_output=True, text=True, cwd=str(peer_trimq._REPO), timeout=60)
+    assert proc.returncode == 1
+    assert "unknown instrument 'flamegraph': one of sample, profile, taskstats, gcstats" in proc.stderr
+
+
 def test_a_sampled_broker_writes_its_samples_on_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRIMQ_BENCH_SAMPLE", str(tmp_path))
     monkeypatch.setenv("TRIMQ_BENCH_SAMPLE_INTERVAL_MS", "0.25")

@@ -44,6 +44,21 @@ def recording(module: str, name: str) -> Iterator[None]:
         recorder.write(name)
 
 
+def _run_broker() -> None:
+    """``trimq-broker`` with ``sys.argv``'s flags, in this thread, until it stops. Imported here, not at the top:
+    a recorder must be installed before the broker's modules load. A bad flag is the CLI's own message and exit
+    code, as ``trimq-broker`` gives it (the instrument still writes what it has)."""
+    import click
+
+    from trimq.tools.broker import main as broker_main
+
+    try:
+        broker_main(prog_name="trimq-broker", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        raise SystemExit(exc.exit_code) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     instrument, out, *flags = sys.argv[1:] if argv is None else argv
     if instrument not in INSTRUMENTS:
@@ -51,20 +66,15 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = ["trimq-broker", *flags]
     if instrument in RECORDERS:
         with recording(instrument, out):
-            from trimq.tools.broker import main as broker_main  # after install(): its trio.run carries the recorder
-
-            broker_main(standalone_mode=False)
-        return
-    from trimq.tools.broker import main as broker_main
-
-    if instrument == "sample":
+            _run_broker()
+    elif instrument == "sample":
         from bench.sampler import CpuSampler
 
-        sampler = CpuSampler(threading.get_ident()).__enter__()
+        sampler = CpuSampler(threading.get_ident())
         try:
-            broker_main(standalone_mode=False)
+            with sampler:
+                _run_broker()
         finally:
-            sampler.__exit__()
             with open(out, "w") as fh:
                 fh.write(sampler.report(70))
     else:
@@ -72,9 +82,10 @@ def main(argv: list[str] | None = None) -> None:
 
         profile = cProfile.Profile(time.process_time)
         try:
-            profile.runcall(broker_main, standalone_mode=False)
+            profile.runcall(_run_broker)
         finally:
             profile.dump_stats(out)
+
 
 if __name__ == "__main__":
     main()

@@ -128,6 +128,20 @@ def test_an_unknown_instrument_is_a_clear_error() -> None:
     assert "unknown instrument 'flamegraph': one of sample, profile, taskstats, gcstats" in proc.stderr
 
 
+@pytest.mark.parametrize("instrument", ["profile", "sample"])
+def test_an_instrumented_broker_with_a_bad_flag_says_so_and_still_writes(tmp_path: Path, instrument: str) -> None:
+    """The CLI's own message and exit code, as ``trimq-broker`` gives them, and the instrument's file is written
+    although the broker never served."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "bench.instrumented_broker", instrument, str(out), "--flush", "nope"],
+                          capture_output=True, text=True, cwd=str(peer_trimq._REPO), timeout=60)
+    assert proc.returncode == 2
+    assert "Usage: trimq-broker" in proc.stderr
+    assert "Error: Invalid value for '--flush': 'nope' is not one of 'async', 'sync'." in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert out.stat().st_size > 0
+
+
 def test_a_sampled_broker_writes_its_samples_on_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRIMQ_BENCH_SAMPLE", str(tmp_path))
     monkeypatch.setenv("TRIMQ_BENCH_SAMPLE_INTERVAL_MS", "0.25")

@@ -14,7 +14,8 @@
 #   WORKER_CORES       cores the worker offers              (default 2)
 #   WORKER_MEMORY      memory the worker offers             (default 2g)
 #   STATE_DIR          pid files, logs and the worker dir   (default ${TMPDIR:-/tmp}/trimq-spark-cluster)
-# It prints the master URL on success; exits 1 if either process does not come up within 60 s.
+#   START_TIMEOUT_S    seconds each daemon gets to come up  (default 60)
+# It prints the master URL on success; exits 1 if either process does not come up in time.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +27,16 @@ PORT=${SPARK_MASTER_PORT:-7077}
 CORES=${WORKER_CORES:-2}
 MEMORY=${WORKER_MEMORY:-2g}
 STATE=${STATE_DIR:-${TMPDIR:-/tmp}/trimq-spark-cluster}
+TIMEOUT=${START_TIMEOUT_S:-60}
+case "$TIMEOUT" in
+    *[!0-9]*) TIMEOUT_OK= ;;
+    *) TIMEOUT_OK=$(echo "$TIMEOUT" | sed 's/^0*//') ;;  # "08" is not octal here, "00" is 0
+esac
+if [ -z "$TIMEOUT_OK" ]; then
+    echo "START_TIMEOUT_S must be a whole number of seconds > 0, got '$TIMEOUT'" >&2
+    exit 2
+fi
+TIMEOUT=$TIMEOUT_OK
 
 # The pip-installed Spark: a stale SPARK_HOME would win over it, so set it to the package directory.
 SPARK_HOME=$("$PYTHON" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')
@@ -60,13 +71,13 @@ done
 
 wait_for() {  # wait_for LOGFILE PATTERN PID
     i=0
-    while [ $i -lt 600 ]; do
+    while [ $i -lt $((TIMEOUT * 10)) ]; do
         if grep -q "$2" "$1" 2>/dev/null; then return 0; fi
         if ! kill -0 "$3" 2>/dev/null; then echo "process $3 exited; see $1" >&2; return 1; fi
         sleep 0.1
         i=$((i + 1))
     done
-    echo "timed out waiting for '$2' in $1" >&2
+    echo "timed out after ${TIMEOUT} s waiting for '$2' in $1" >&2
     return 1
 }
 

@@ -19,11 +19,12 @@ START = REPO / "deploy" / "spark" / "start-local-cluster.sh"
 STOP = REPO / "deploy" / "spark" / "stop-local-cluster.sh"
 
 # FAKE_MODE: "ok" (both daemons come up), "no-start-line" (the master never says where it listens),
-# "worker-dies" (the worker exits before registering).
+# "worker-dies" (the worker exits before registering), "silent-master" (the master runs but never becomes leader).
 SPARK_CLASS = """#!/bin/sh
 echo $$ >>"$FAKE_HOME/daemons"  # exec keeps the pid: this is the daemon the start script recorded
 case "$1" in
   *.Master)
+    [ "$FAKE_MODE" = silent-master ] && exec sleep 120
     [ "$FAKE_MODE" = no-start-line ] || echo "INFO Master: Starting Spark master at spark://127.0.0.1:$FAKE_PORT"
     echo "INFO Master: I have been elected leader! New state: ALIVE" ;;
   *.Worker)
@@ -140,3 +141,23 @@ def test_a_running_master_is_not_started_twice(fake_spark: dict[str, str]) -> No
     finally:
         subprocess.run([str(STOP)], env=fake_spark, capture_output=True, text=True, timeout=60)
     assert all(_wait_gone(pid) for pid in pids.values())
+
+
+def test_a_master_that_never_comes_up_times_out_and_is_stopped(fake_spark: dict[str, str]) -> None:
+    fake_spark.update({"FAKE_MODE": "silent-master", "START_TIMEOUT_S": "01"})  # read as 1, not octal
+    began = time.monotonic()
+    out = _start(fake_spark)
+    assert out.returncode == 1
+    assert "timed out after 1 s waiting for 'I have been elected leader' in" in out.stderr
+    assert time.monotonic() - began < 30  # the setting, not the default 60 s
+    assert _pids(fake_spark) == {}
+    assert len(_daemons(fake_spark)) == 1 and all(_wait_gone(pid) for pid in _daemons(fake_spark))
+
+
+@pytest.mark.parametrize("value", ["0", "00", "1.5", "ten", "-3", "2s"])
+def test_a_bad_start_timeout_is_refused_before_anything_starts(fake_spark: dict[str, str], value: str) -> None:
+    fake_spark["START_TIMEOUT_S"] = value
+    out = _start(fake_spark)
+    assert out.returncode == 2
+    assert f"START_TIMEOUT_S must be a whole number of seconds > 0, got '{value}'" in out.stderr
+    assert _daemons(fake_spark) == []

@@ -27,16 +27,12 @@ PORT=${SPARK_MASTER_PORT:-7077}
 CORES=${WORKER_CORES:-2}
 MEMORY=${WORKER_MEMORY:-2g}
 STATE=${STATE_DIR:-${TMPDIR:-/tmp}/trimq-spark-cluster}
-TIMEOUT=${START_TIMEOUT_S:-60}
-case "$TIMEOUT" in
-    *[!0-9]*) TIMEOUT_OK= ;;
-    *) TIMEOUT_OK=$(echo "$TIMEOUT" | sed 's/^0*//') ;;  # "08" is not octal here, "00" is 0
-esac
-if [ -z "$TIMEOUT_OK" ]; then
-    echo "START_TIMEOUT_S must be a whole number of seconds > 0, got '$TIMEOUT'" >&2
+# Digits only, leading zeros dropped ("08" is not octal here; "0" and "00" leave nothing, so are refused).
+TIMEOUT=$(printf '%s' "${START_TIMEOUT_S:-60}" | sed -n 's/^0*\([1-9][0-9]*\)$/\1/p')
+if [ -z "$TIMEOUT" ]; then
+    echo "START_TIMEOUT_S must be a whole number of seconds > 0, got '${START_TIMEOUT_S}'" >&2
     exit 2
 fi
-TIMEOUT=$TIMEOUT_OK
 
 # The pip-installed Spark: a stale SPARK_HOME would win over it, so set it to the package directory.
 SPARK_HOME=$("$PYTHON" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')

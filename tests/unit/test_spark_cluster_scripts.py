@@ -19,9 +19,11 @@ START = REPO / "deploy" / "spark" / "start-local-cluster.sh"
 STOP = REPO / "deploy" / "spark" / "stop-local-cluster.sh"
 
 # FAKE_MODE: "ok" (both daemons come up), "no-start-line" (the master never says where it listens),
-# "worker-dies" (the worker exits before registering), "silent-master" (the master runs but never becomes leader).
+# "worker-dies" (the worker exits before registering), "silent-master" (the master runs but never becomes leader),
+# "ignores-term" (both come up and ignore SIGTERM, as a hung JVM would).
 SPARK_CLASS = """#!/bin/sh
 echo $$ >>"$FAKE_HOME/daemons"  # exec keeps the pid: this is the daemon the start script recorded
+[ "$FAKE_MODE" = ignores-term ] && trap '' TERM  # an ignored signal stays ignored across exec
 case "$1" in
   *.Master)
     [ "$FAKE_MODE" = silent-master ] && exec sleep 120
@@ -159,3 +161,15 @@ def test_a_bad_start_timeout_is_refused_before_anything_starts(fake_spark: dict[
     assert out.returncode == 2
     assert f"START_TIMEOUT_S must be a whole number of seconds > 0, got '{value}'" in out.stderr
     assert _daemons(fake_spark) == []
+
+
+def test_daemons_that_ignore_sigterm_are_killed_by_the_stop_script(fake_spark: dict[str, str]) -> None:
+    """stop-local-cluster.sh: whatever is still there 10 s after SIGTERM gets SIGKILL (docs/AUDIT.md)."""
+    fake_spark["FAKE_MODE"] = "ignores-term"
+    started = _start(fake_spark)
+    pids = _pids(fake_spark)
+    assert started.returncode == 0, started.stderr
+    stop = subprocess.run([str(STOP)], env=fake_spark, capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0, stop.stderr
+    assert all(_wait_gone(pid) for pid in pids.values())
+    assert _pids(fake_spark) == {}

@@ -6,42 +6,19 @@
     python -m bench.instrumented_broker gcstats NAME BROKER_FLAGS...   #   before the broker, write(NAME) after
 
 The broker runs in this process's main thread, as ``trimq-broker`` would; the instrument's output is written when
-it stops (the harness stops it with SIGTERM, a clean shutdown). The recorders' table and :func:`recording` serve the
-benchmark's client processes too (``bench.peer_trimq``), so that a variable asks for the same recorder everywhere.
+it stops (the harness stops it with SIGTERM, a clean shutdown). The recorders are bench.recorders', which the
+benchmark's client processes (``bench.peer_trimq``) use too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
-#: Recorders of a benchmark process, by the variable that asks for one (the first set wins): bench modules with
-#: ``install()`` (before ``trio.run``) and ``write(name)`` (after it).
-RECORDER_VARIABLES = (("TRIMQ_BENCH_STEPS", "taskstats"), ("TRIMQ_BENCH_GC", "gcstats"))
-RECORDERS = tuple(module for _, module in RECORDER_VARIABLES)
+from bench.recorders import RECORDERS, recording
+
 INSTRUMENTS = ("sample", "profile", *RECORDERS)
-
-
-def recorder_asked() -> str | None:
-    """The recorder module this process's environment asks for, if any."""
-    return next((module for variable, module in RECORDER_VARIABLES if os.environ.get(variable)), None)
-
-
-@contextlib.contextmanager
-def recording(module: str, name: str) -> Iterator[None]:
-    """Install the recorder ``bench.<module>`` for the block (every ``trio.run`` started in it carries it) and
-    write what it recorded under ``name`` when the block ends, however it ends."""
-    recorder = importlib.import_module(f"bench.{module}")
-    recorder.install()
-    try:
-        yield
-    finally:
-        recorder.write(name)
 
 
 def _run_broker() -> None:

@@ -213,7 +213,7 @@ def start_server(workdir: str, args: Any) -> Any:
     cmd = [*broker_exe(), *flags]
     prof_dir = os.environ.get("TRIMQ_BENCH_PROFILE")
     sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
-    from bench.instrumented_broker import recorder_asked
+    from bench.recorders import recorder_asked
 
     recorder = recorder_asked()
     instrumented = [sys.executable, "-m", "bench.instrumented_broker"]
@@ -243,7 +243,7 @@ async def setup(args: Any) -> None:
 def _run_trio(fn: Any, *a: Any) -> Any:
     import trio
 
-    from bench.instrumented_broker import recorder_asked, recording
+    from bench.recorders import recorder_asked, recording
 
     recorder = recorder_asked()
     if recorder:

@@ -76,6 +76,10 @@ def _start(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(START)], env=env, capture_output=True, text=True, timeout=60)
 
 
+def _stop(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(STOP)], env=env, capture_output=True, text=True, timeout=60)
+
+
 def _pids(env: dict[str, str]) -> dict[str, int]:
     state = Path(env["STATE_DIR"])
     return {name: int((state / f"{name}.pid").read_text()) for name in ("master", "worker")
@@ -102,7 +106,7 @@ def test_the_master_url_is_the_port_the_master_printed(fake_spark: dict[str, str
         assert worker_args[-1] == "spark://127.0.0.1:43210"  # the worker joins the bound port, not 0
         assert all(_alive(pid) for pid in pids.values()), pids
     finally:
-        stop = subprocess.run([str(STOP)], env=fake_spark, capture_output=True, text=True, timeout=60)
+        stop = _stop(fake_spark)
     assert stop.returncode == 0, stop.stderr
     assert all(_wait_gone(pid) for pid in pids.values())
     assert _pids(fake_spark) == {}
@@ -141,7 +145,7 @@ def test_a_running_master_is_not_started_twice(fake_spark: dict[str, str]) -> No
         assert f"a master is already running (pid {pids['master']})" in second.stderr
         assert _pids(fake_spark) == pids  # the running cluster's pid files are untouched
     finally:
-        subprocess.run([str(STOP)], env=fake_spark, capture_output=True, text=True, timeout=60)
+        _stop(fake_spark)
     assert all(_wait_gone(pid) for pid in pids.values())
 
 
@@ -169,7 +173,7 @@ def test_daemons_that_ignore_sigterm_are_killed_by_the_stop_script(fake_spark: d
     started = _start(fake_spark)
     pids = _pids(fake_spark)
     assert started.returncode == 0, started.stderr
-    stop = subprocess.run([str(STOP)], env=fake_spark, capture_output=True, text=True, timeout=60)
+    stop = _stop(fake_spark)
     assert stop.returncode == 0, stop.stderr
     assert all(_wait_gone(pid) for pid in pids.values())
     assert _pids(fake_spark) == {}

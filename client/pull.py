@@ -125,10 +125,11 @@ class PullService:
         self.nursery: trio.Nursery | None = None
         self._scopes: dict[int, trio.CancelScope] = {}
         self._naps: dict[int, trio.CancelScope] = {}
+        self._waiting_out_pause: set[int] = set()  # loops whose nap is the pause's delay: resume() ends them
         self._rate = RateLimiter(10_000)
         self.stats: dict[str, int] = {"pulls": 0, "found": 0, "messages": 0, "no_new": 0, "errors": 0,
                                       "flow_control": 0, "filtered_out": 0, "offset_illegal": 0,
-                                      "from_slave": 0, "paused_master_down": 0}
+                                      "from_slave": 0, "paused_master_down": 0, "suspended": 0}
         #: The broker id each queue's last answer suggested (RocketMQ's PullAPIWrapper.pullFromWhichNodeTable).
         self.pull_from_which_node: dict[MessageQueue, int] = {}
         #: Orderly queues paused because their broker's master is down: queue -> since (ms, this service's clock).
@@ -164,6 +165,16 @@ class PullService:
         if nap is not None:
             nap.cancel()
 
+    def resume(self) -> None:
+        """Pull again after a pause (``paused``): the loops waiting out the pause's delay pull now, not up to
+        ``pull_time_delay_mills_when_suspend`` later. Naps for other reasons (flow control, errors) run on."""
+        self.paused = False
+        for key in self._waiting_out_pause:
+            nap = self._naps.get(key)
+            if nap is not None:
+                nap.cancel()
+        self._waiting_out_pause.clear()
+
     def cancel_all(self) -> None:
         for scope in self._scopes.values():
             scope.cancel()
@@ -190,6 +201,7 @@ class PullService:
                             self._naps[id(pq)] = nap
                             await trio.sleep_forever()
                         self._naps.pop(id(pq), None)
+                        self._waiting_out_pause.discard(id(pq))
                     elif self._answered == answered:
                         # no answer came (so perhaps no wait at all): let the others run before trying again
                         await trio.lowlevel.checkpoint()
@@ -197,6 +209,7 @@ class PullService:
             if self._scopes.get(id(pq)) is scope:
                 del self._scopes[id(pq)]
                 self._naps.pop(id(pq), None)
+                self._waiting_out_pause.discard(id(pq))
 
     async def _after_batch_under_way(self, pq: ProcessQueue) -> None:
         """Orderly: wait (at most ``consume_lock_wait_millis``) until the batch under way, which commits even on a
@@ -220,6 +233,8 @@ class PullService:
         now = self.clock()
         pq.last_pull_timestamp = now
         if self.paused:
+            self.stats["suspended"] += 1  # pulls put off by suspend()
+            self._waiting_out_pause.add(id(pq))
             return self._later(cfg.pull_time_delay_mills_when_suspend)
 
         reason = flow_control_reason(pq, cfg, self.consume_orderly)

@@ -253,6 +253,7 @@ class PushConsumer:
         self._started = False
         self._stopping = False
         self._stopped = trio.Event()
+        self._suspended = False  # suspend() before the start holds too, as RocketMQ's pause flag does
 
     # --- configuration before start -------------------------------------------------------------------
 
@@ -466,6 +467,7 @@ class PushConsumer:
                      strategy=self._strategy, offset_store=self._offset_store, clock=self._clock,
                      shutdown_timeout_s=self.shutdown_timeout_s)
         service.config = core.config  # the core's copy (the rebalance adjusts per-queue thresholds in it)
+        core.pull_service.paused = self._suspended  # before the core starts: no pull of a suspended consumer
         for topic, expression in self._subscriptions.items():
             core.subscribe(topic, expression)
         service.attach(rebalance=core.rebalance, offset_store=core.offset_store, client=instance)
@@ -560,14 +562,23 @@ class PushConsumer:
             self._stopped.set()
 
     def suspend(self) -> None:
-        """Pause pulling (RocketMQ's suspend); consumption of cached messages goes on."""
+        """Pause pulling (RocketMQ's suspend); consumption of cached messages goes on. Called before the start,
+        the consumer starts paused: it joins its group, rebalances and locks its queues, but pulls nothing
+        until :meth:`resume`."""
+        self._suspended = True
         if self.core is not None:
             self.core.pull_service.paused = True
 
     def resume(self) -> None:
-        """Resume pulling after :meth:`suspend`."""
+        """Resume pulling after :meth:`suspend` (before the start: the consumer starts pulling)."""
+        self._suspended = False
         if self.core is not None and self.running:
-            self.core.pull_service.paused = False
+            self.core.pull_service.resume()
+
+    @property
+    def suspended(self) -> bool:
+        """Pulling is paused by :meth:`suspend`."""
+        return self._suspended
 
     # --- broker -> client requests ----------------------------------------------------------------------
 

@@ -143,6 +143,34 @@ async def test_orderly_retry_in_place_then_success(broker_factory: Any) -> None:
         assert await env.dlq("orderly_retry") == []
 
 
+async def test_suspended_before_start_locks_its_queue_but_pulls_nothing_until_resumed(broker_factory: Any) -> None:
+    # RocketMQ's pause flag holds before the start; suspend() used to be ignored then, and the consumer pulled at once.
+    async with environment(broker_factory) as env:
+        for i in range(3):
+            await env.send(f"m{i}")
+        seen: list[str] = []
+
+        async def listener(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+            seen.extend(body(m) for m in msgs)
+            return ConsumeOrderlyStatus.SUCCESS
+
+        consumer = PushConsumer(env.config("suspended_start"))
+        consumer.subscribe(T)
+        consumer.register_message_listener_orderly(listener)
+        consumer.suspend()
+        assert consumer.suspended
+        async with consumer:
+            assert consumer.core is not None
+            stats = consumer.core.pull_service.stats
+            await wait_until(lambda: stats["suspended"] >= 1)  # the queue's pull loop ran and was put off
+            assert [pq.locked for pq in consumer.process_queue_table().values()] == [True]
+            assert stats["pulls"] == 0 and seen == []
+            consumer.resume()
+            assert not consumer.suspended
+            await wait_until(lambda: len(seen) == 3)
+        assert seen == ["m0", "m1", "m2"]
+
+
 async def test_orderly_max_reconsume_dead_letters_and_moves_on(broker_factory: Any) -> None:
     async with environment(broker_factory) as env:
         for i in range(4):

@@ -443,3 +443,29 @@ async def test_loops_run_until_cancelled(autojump_clock: Any) -> None:
         assert ps.active_loops == 1 and len(rec.submitted) == 1
         ps.cancel(pr.process_queue)  # the rebalance dropped the queue: the long poll is abandoned
     assert ps.active_loops == 0
+
+
+async def test_resume_pulls_at_once_but_leaves_a_flow_control_nap_alone(autojump_clock: Any) -> None:
+    # Before: resume() only cleared the flag, so a loop pulled up to pull_time_delay_mills_when_suspend (1 s) later.
+    ps, _rb, client, _store, rec, pr = setup(pull_threshold_for_queue=1)
+    client.api.results = [found(7, 5, 6)]
+    ps.paused = True
+    async with trio.open_nursery() as nursery:
+        ps.bind(nursery)
+        ps.start(pr)
+        await trio.sleep(0.5)  # the loop naps out the pause's 1 s
+        assert client.api.calls == []
+        resumed = trio.current_time()
+        ps.resume()
+        while not rec.submitted:
+            await trio.sleep(0.001)
+        assert trio.current_time() - resumed < 0.1  # not at the end of the pause's nap (0.5 s away)
+        # the queue now holds 2 messages over its threshold of 1: flow control naps 50 ms, which resume() keeps
+        await trio.sleep(0.01)
+        assert ps.stats["flow_control"] == 1
+        ps.resume()
+        await trio.sleep(0.03)
+        assert ps.stats["flow_control"] == 1  # the nap ran on
+        await trio.sleep(0.03)
+        assert ps.stats["flow_control"] == 2
+        ps.cancel(pr.process_queue)

@@ -130,18 +130,10 @@ async def _consume_trio(args: argparse.Namespace, rec: Any, per_queue: dict[int,
         kw["max_in_flight_keys"] = args.max_in_flight_keys
     cfg = PushConsumerConfig(consumer_group=args.group, namesrv_addr=args.namesrv, instance_name=f"c{args.cid}",
                              consume_from_where="CONSUME_FROM_FIRST_OFFSET", order_scope=args.scope,
-                             pull_batch_size=args.pull_batch, consume_message_batch_max_size=1,
-                             pull_time_delay_mills_when_suspend=10, **kw)  # resume promptly after the start
+                             pull_batch_size=args.pull_batch, consume_message_batch_max_size=1, **kw)
     consumer = PushConsumer(cfg)
     consumer.subscribe(args.topic, "*")
     on_message = rec.on_message
-
-    async def pause_early() -> None:
-        # Pull nothing before the whole group holds its queues (a backlog would otherwise go to the first member,
-        # then move): as bench.peer_trimq does.
-        while consumer.core is None:
-            await trio.sleep(0)
-        consumer.suspend()
 
     ok = ConsumeOrderlyStatus.SUCCESS
     if args.listener == "sleep10":
@@ -167,11 +159,11 @@ async def _consume_trio(args: argparse.Namespace, rec: Any, per_queue: dict[int,
         return sorted(mq.queue_id for mq, pq in consumer.process_queue_table().items()
                       if mq.topic == args.topic and pq.locked)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(pause_early)
-        async with consumer:
-            await _consume_steady(args, consumer, rec, per_queue, info, held)
-        nursery.cancel_scope.cancel()
+    # Pull nothing before the whole group holds its queues (a backlog would otherwise go to the first member, then
+    # move): started suspended, resumed by _consume_steady, as bench.peer_trimq does.
+    consumer.suspend()
+    async with consumer:
+        await _consume_steady(args, consumer, rec, per_queue, info, held)
 
 
 async def _consume_steady(args: argparse.Namespace, consumer: Any, rec: Any, per_queue: dict[int, int],

@@ -32,8 +32,7 @@ Settings (ordinary user settings, not benchmark-only switches; see bench/RESULTS
 ``pull_batch_size`` / ``consume_message_batch_max_size`` (``--trimq-pull-batch``, ``--trimq-consume-batch``)
 and the broker's ``max_transfer_count_on_message_in_memory`` (``--trimq-max-transfer``, RocketMQ's
 ``maxTransferCountOnMessageInMemory``) which caps what one pull returns; ``--trimq-pull-interval`` sets
-``pull_interval``. While paused before the start, ``pull_time_delay_mills_when_suspend`` is 10 ms so the
-loops resume promptly.
+``pull_interval``.
 """
 
 from __future__ import annotations
@@ -347,7 +346,6 @@ def consumer_config(args: Any, cid: int) -> Any:
         consume_from_where="CONSUME_FROM_FIRST_OFFSET",
         pull_batch_size=args.trimq_pull_batch,
         consume_message_batch_max_size=args.trimq_consume_batch,
-        pull_time_delay_mills_when_suspend=10,
         pull_interval=args.trimq_pull_interval,
     )
 
@@ -428,68 +426,60 @@ async def _consume_trio(args: Any, cid: int, rec: Any, ready: Any) -> None:
         return sorted(mq.queue_id for mq, pq in consumer.process_queue_table().items()
                       if mq.topic == TOPIC and (pq.locked or not consumer.consume_orderly))
 
-    async with trio.open_nursery() as nursery:
+    if pause:
+        consumer.suspend()  # started paused: no pull before the whole group holds its queues
+    async with consumer:
+        info["client_id"] = consumer.client_id
+        assert consumer.core is not None
+        if stages is not None:
+            stages.attach(consumer.core.pull_service)
+        instance = consumer.instance
+        assert instance is not None
+        share_lo = args.queues // n_members_goal
+        share_hi = share_lo + (1 if args.queues % n_members_goal else 0)
+        # wait for the steady assignment: all members present, our share held and locked
+        deadline = trio.current_time() + 60
+        last: list[int] = []
+        while trio.current_time() < deadline:
+            ids = await instance.find_consumer_id_list(TOPIC, GROUP) or []
+            last = held()
+            if len(ids) >= n_members_goal and share_lo <= len(last) <= share_hi:
+                break
+            await trio.sleep(0.02)
+        info["assignments"].append({"t_ns": time.time_ns(), "queues": last})
+        info["steady_queues"] = last
+        ready()
         if pause:
-            async def pause_early() -> None:
-                # Pause pulling as soon as the consumer core exists (before its first rebalance pulls).
-                while consumer.core is None:
-                    await trio.sleep(0)
-                consumer.suspend()
-
-            nursery.start_soon(pause_early)
-        async with consumer:
-            info["client_id"] = consumer.client_id
-            assert consumer.core is not None
-            if stages is not None:
-                stages.attach(consumer.core.pull_service)
-            instance = consumer.instance
-            assert instance is not None
-            share_lo = args.queues // n_members_goal
-            share_hi = share_lo + (1 if args.queues % n_members_goal else 0)
-            # wait for the steady assignment: all members present, our share held and locked
-            deadline = trio.current_time() + 60
-            last: list[int] = []
-            while trio.current_time() < deadline:
-                ids = await instance.find_consumer_id_list(TOPIC, GROUP) or []
-                last = held()
-                if len(ids) >= n_members_goal and share_lo <= len(last) <= share_hi:
+            # every member of the group starts pulling at once, as the harness's static consumers do
+            outdir = getattr(args, "outdir", None)
+            until = time.monotonic() + 10
+            while outdir and time.monotonic() < until and not all(
+                    os.path.exists(os.path.join(outdir, f"c{c}.ready")) for c in range(args.consumers)):
+                await trio.sleep(0.005)
+            consumer.resume()
+        end = time.monotonic() + args.deadline_s
+        checked = 0.0
+        while time.monotonic() < end:
+            await trio.sleep(0.02)
+            now_held = held()
+            if now_held != last:
+                last = now_held
+                info["assignments"].append({"t_ns": time.time_ns(), "queues": last})
+            if rec.received and time.monotonic() - rec.last_activity > args.consumer_idle_s:
+                info["stopped"] = "idle"
+                break
+            if per_queue is None and time.monotonic() - checked > 0.1:
+                checked = time.monotonic()
+                per_queue = _produced_per_queue(args)
+            if per_queue is not None:
+                rec.expected = sum(per_queue.get(q, 0) for q in last)
+                if last and _all_consumed(consumer, last, per_queue):
+                    info["stopped"] = "done"
                     break
-                await trio.sleep(0.02)
-            info["assignments"].append({"t_ns": time.time_ns(), "queues": last})
-            info["steady_queues"] = last
-            ready()
-            if pause:
-                # every member of the group starts pulling at once, as the harness's static consumers do
-                outdir = getattr(args, "outdir", None)
-                until = time.monotonic() + 10
-                while outdir and time.monotonic() < until and not all(
-                        os.path.exists(os.path.join(outdir, f"c{c}.ready")) for c in range(args.consumers)):
-                    await trio.sleep(0.005)
-                consumer.resume()
-            end = time.monotonic() + args.deadline_s
-            checked = 0.0
-            while time.monotonic() < end:
-                await trio.sleep(0.02)
-                now_held = held()
-                if now_held != last:
-                    last = now_held
-                    info["assignments"].append({"t_ns": time.time_ns(), "queues": last})
-                if rec.received and time.monotonic() - rec.last_activity > args.consumer_idle_s:
-                    info["stopped"] = "idle"
-                    break
-                if per_queue is None and time.monotonic() - checked > 0.1:
-                    checked = time.monotonic()
-                    per_queue = _produced_per_queue(args)
-                if per_queue is not None:
-                    rec.expected = sum(per_queue.get(q, 0) for q in last)
-                    if last and _all_consumed(consumer, last, per_queue):
-                        info["stopped"] = "done"
-                        break
-            info["final_queues"] = last
-            info["pull"] = dict(consumer.core.pull_service.stats)
-            if stages is not None and getattr(args, "outdir", None):
-                stages.write(os.path.join(args.outdir, f"c{cid}.stages"))
-        nursery.cancel_scope.cancel()
+        info["final_queues"] = last
+        info["pull"] = dict(consumer.core.pull_service.stats)
+        if stages is not None and getattr(args, "outdir", None):
+            stages.write(os.path.join(args.outdir, f"c{cid}.stages"))
 
 
 class StageRecorder:

@@ -13,7 +13,6 @@ benchmark's client processes (``bench.peer_trimq``) use too.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 
 from bench.recorders import RECORDERS, recording
@@ -45,15 +44,10 @@ def main(argv: list[str] | None = None) -> None:
         with recording(instrument, out):
             _run_broker()
     elif instrument == "sample":
-        from bench.sampler import CpuSampler
+        from bench.sampler import sampled_to
 
-        sampler = CpuSampler(threading.get_ident())
-        try:
-            with sampler:
-                _run_broker()
-        finally:
-            with open(out, "w") as fh:
-                fh.write(sampler.report(70))
+        with sampled_to(out, 70):
+            _run_broker()
     else:
         import cProfile
 

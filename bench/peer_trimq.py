@@ -44,6 +44,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 HOST = "127.0.0.1"
@@ -119,32 +120,19 @@ def broker_exe() -> list[str]:
     return [sys.executable, "-c", "from trimq.tools.broker import main; main()"]
 
 
-class _maybe_sampled:
+@contextlib.contextmanager
+def _maybe_sampled(name: str) -> Iterator[bool]:
     """With ``TRIMQ_BENCH_SAMPLE=dir``: sample the stack on process CPU time while the block runs; trio then
     runs in the main thread (``as inline`` is True), where Python runs signal handlers, so a sample lands on
     whatever Python code holds the CPU (a sampler in another thread would only ever see the GIL released)."""
+    sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
+    if not sample_dir:
+        yield False
+        return
+    from bench.sampler import sampled_to
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.sampler: Any = None
-
-    def __enter__(self) -> bool:
-        if os.environ.get("TRIMQ_BENCH_SAMPLE"):
-            import threading
-
-            from bench.sampler import CpuSampler
-
-            self.sampler = CpuSampler(threading.get_ident()).__enter__()
-            return True
-        return False
-
-    def __exit__(self, *exc: object) -> None:
-        if self.sampler is not None:
-            self.sampler.__exit__()
-            d = os.environ["TRIMQ_BENCH_SAMPLE"]
-            os.makedirs(d, exist_ok=True)
-            with open(os.path.join(d, f"{self.name}-{os.getpid()}.txt"), "w") as f:
-                f.write(self.sampler.report(60))
+    with sampled_to(os.path.join(sample_dir, f"{name}-{os.getpid()}.txt")):
+        yield True
 
 
 def broker_addr(args: Any) -> str:

@@ -2,15 +2,19 @@
 
 ``with CpuSampler(thread_id) as s: ...`` samples the stack of one thread every ``interval_s`` of process CPU
 time (SIGPROF) and ``s.report()`` lists functions by samples where they were running (self) and on the stack
-(total). Unlike cProfile it adds no cost per call, so call-heavy code is not over-weighted.
+(total). Unlike cProfile it adds no cost per call, so call-heavy code is not over-weighted. ``sampled_to(path)``
+samples the calling thread for a block and writes the report to a file.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -19,8 +23,6 @@ class CpuSampler:
     def __init__(self, thread_id: int | None = None, interval_s: float | None = None) -> None:
         """``thread_id`` None: the busiest other thread (sampled: whichever non-main thread has a frame).
         ``interval_s`` None: ``$TRIMQ_BENCH_SAMPLE_INTERVAL_MS`` (default 2 ms) of process CPU time."""
-        import os
-
         self.thread_id = thread_id
         self.main_id = threading.main_thread().ident
         if interval_s is None:
@@ -81,3 +83,18 @@ class CpuSampler:
         for name, c in self.total_counts.most_common(top):
             lines.append(f"{100 * self.self_counts[name] / n:5.1f}  {100 * c / n:6.1f}  {name}")
         return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def sampled_to(path: str, top: int = 60) -> Iterator[CpuSampler]:
+    """Sample the calling thread while the block runs (it must be the main thread, where Python runs the signal
+    handler, to see the code that holds the CPU) and write the report to ``path`` when the block ends, however it
+    ends; ``path``'s directory is created."""
+    sampler = CpuSampler(threading.get_ident())
+    try:
+        with sampler:
+            yield sampler
+    finally:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(sampler.report(top))

@@ -27,6 +27,7 @@ ratio asyncio / trio (issue 18's target: at most 1.2).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -62,14 +63,13 @@ def role_consume(args: argparse.Namespace) -> None:
     """One consumer; writes ``consumer.json`` (messages, CPU seconds and wall seconds first -> last message)."""
     _quiet()
     rec: dict[str, Any] = {"loop": args.loop, "profile": args.profile}
-    sampler = None
-    if os.environ.get("TRIMQ_BENCH_SAMPLE"):  # diagnostics: where the consumer's CPU goes (bench/sampler.py)
-        import threading
+    sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")  # diagnostics: where the consumer's CPU goes (bench/sampler.py)
+    with contextlib.ExitStack() as stack:
+        if sample_dir:
+            from bench.sampler import sampled_to
 
-        from bench.sampler import CpuSampler
-
-        sampler = CpuSampler(threading.get_ident()).__enter__()
-    try:
+            name = f"{args.profile}-{args.loop}-{os.getpid()}.txt"
+            stack.enter_context(sampled_to(os.path.join(sample_dir, name)))
         if args.loop == "trio":
             import trio
 
@@ -78,13 +78,6 @@ def role_consume(args: argparse.Namespace) -> None:
             import asyncio
 
             asyncio.run(_consume(args, rec))
-    finally:
-        if sampler is not None:
-            sampler.__exit__()
-            d = os.environ["TRIMQ_BENCH_SAMPLE"]
-            os.makedirs(d, exist_ok=True)
-            with open(os.path.join(d, f"{args.profile}-{args.loop}-{os.getpid()}.txt"), "w") as f:
-                f.write(sampler.report(60))
     with open(os.path.join(args.outdir, "consumer.json"), "w") as f:
         json.dump(rec, f)
 

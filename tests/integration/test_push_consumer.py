@@ -171,6 +171,26 @@ async def test_suspended_before_start_locks_its_queue_but_pulls_nothing_until_re
         assert seen == ["m0", "m1", "m2"]
 
 
+async def test_resumed_before_start_pulls_from_the_start(broker_factory: Any) -> None:
+    async with environment(broker_factory) as env:
+        await env.send("m0")
+        seen: list[str] = []
+
+        async def listener(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+            seen.extend(body(m) for m in msgs)
+            return ConsumeOrderlyStatus.SUCCESS
+
+        consumer = PushConsumer(env.config("resumed_before_start"))
+        consumer.subscribe(T)
+        consumer.register_message_listener_orderly(listener)
+        consumer.suspend()
+        consumer.resume()
+        assert not consumer.suspended
+        async with consumer:
+            await wait_until(lambda: seen == ["m0"])
+            assert consumer.core is not None and consumer.core.pull_service.stats["suspended"] == 0
+
+
 async def test_orderly_max_reconsume_dead_letters_and_moves_on(broker_factory: Any) -> None:
     async with environment(broker_factory) as env:
         for i in range(4):

@@ -72,12 +72,8 @@ def fake_spark(tmp_path: Path) -> Iterator[dict[str, str]]:
             os.kill(pid, signal.SIGKILL)
 
 
-def _start(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(START)], env=env, capture_output=True, text=True, timeout=60)
-
-
-def _stop(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(STOP)], env=env, capture_output=True, text=True, timeout=60)
+def _run(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
 
 
 def _pids(env: dict[str, str]) -> dict[str, int]:
@@ -97,7 +93,7 @@ def _wait_gone(pid: int) -> bool:
 
 def test_the_master_url_is_the_port_the_master_printed(fake_spark: dict[str, str]) -> None:
     fake_spark["SPARK_MASTER_PORT"] = "0"
-    out = _start(fake_spark)
+    out = _run(START, fake_spark)
     pids = _pids(fake_spark)
     try:
         assert out.returncode == 0, out.stderr
@@ -106,7 +102,7 @@ def test_the_master_url_is_the_port_the_master_printed(fake_spark: dict[str, str
         assert worker_args[-1] == "spark://127.0.0.1:43210"  # the worker joins the bound port, not 0
         assert all(_alive(pid) for pid in pids.values()), pids
     finally:
-        stop = _stop(fake_spark)
+        stop = _run(STOP, fake_spark)
     assert stop.returncode == 0, stop.stderr
     assert all(_wait_gone(pid) for pid in pids.values())
     assert _pids(fake_spark) == {}
@@ -114,7 +110,7 @@ def test_the_master_url_is_the_port_the_master_printed(fake_spark: dict[str, str
 
 def test_a_master_without_its_start_line_is_a_clear_error_and_is_stopped(fake_spark: dict[str, str]) -> None:
     fake_spark["FAKE_MODE"] = "no-start-line"
-    out = _start(fake_spark)
+    out = _run(START, fake_spark)
     assert out.returncode == 1
     assert "no 'Starting Spark master at' line in" in out.stderr
     assert "start-local-cluster: failed; stopping what started" in out.stderr
@@ -126,7 +122,7 @@ def test_a_master_without_its_start_line_is_a_clear_error_and_is_stopped(fake_sp
 
 def test_a_worker_that_exits_is_named_and_the_master_is_stopped(fake_spark: dict[str, str]) -> None:
     fake_spark["FAKE_MODE"] = "worker-dies"
-    out = _start(fake_spark)
+    out = _run(START, fake_spark)
     assert out.returncode == 1
     assert "exited; see" in out.stderr and "worker.log" in out.stderr
     assert out.stdout == ""
@@ -136,22 +132,22 @@ def test_a_worker_that_exits_is_named_and_the_master_is_stopped(fake_spark: dict
 
 
 def test_a_running_master_is_not_started_twice(fake_spark: dict[str, str]) -> None:
-    first = _start(fake_spark)
+    first = _run(START, fake_spark)
     pids = _pids(fake_spark)
     try:
         assert first.returncode == 0, first.stderr
-        second = _start(fake_spark)
+        second = _run(START, fake_spark)
         assert second.returncode == 1
         assert f"a master is already running (pid {pids['master']})" in second.stderr
         assert _pids(fake_spark) == pids  # the running cluster's pid files are untouched
     finally:
-        _stop(fake_spark)
+        _run(STOP, fake_spark)
     assert all(_wait_gone(pid) for pid in pids.values())
 
 
 def test_a_master_that_never_comes_up_times_out_and_is_stopped(fake_spark: dict[str, str]) -> None:
     fake_spark.update({"FAKE_MODE": "silent-master", "START_TIMEOUT_S": "01"})  # read as 1, not octal
-    out = _start(fake_spark)
+    out = _run(START, fake_spark)
     assert out.returncode == 1
     assert "timed out after 1 s waiting for 'I have been elected leader' in" in out.stderr  # the setting's 1 s
     assert _pids(fake_spark) == {}
@@ -161,7 +157,7 @@ def test_a_master_that_never_comes_up_times_out_and_is_stopped(fake_spark: dict[
 @pytest.mark.parametrize("value", ["0", "00", "1.5", "ten", "-3", "2s"])
 def test_a_bad_start_timeout_is_refused_before_anything_starts(fake_spark: dict[str, str], value: str) -> None:
     fake_spark["START_TIMEOUT_S"] = value
-    out = _start(fake_spark)
+    out = _run(START, fake_spark)
     assert out.returncode == 2
     assert f"START_TIMEOUT_S must be a whole number of seconds > 0, got '{value}'" in out.stderr
     assert _daemons(fake_spark) == []
@@ -170,10 +166,10 @@ def test_a_bad_start_timeout_is_refused_before_anything_starts(fake_spark: dict[
 def test_daemons_that_ignore_sigterm_are_killed_by_the_stop_script(fake_spark: dict[str, str]) -> None:
     """stop-local-cluster.sh: whatever is still there 10 s after SIGTERM gets SIGKILL (docs/AUDIT.md)."""
     fake_spark["FAKE_MODE"] = "ignores-term"
-    started = _start(fake_spark)
+    started = _run(START, fake_spark)
     pids = _pids(fake_spark)
     assert started.returncode == 0, started.stderr
-    stop = _stop(fake_spark)
+    stop = _run(STOP, fake_spark)
     assert stop.returncode == 0, stop.stderr
     assert all(_wait_gone(pid) for pid in pids.values())
     assert _pids(fake_spark) == {}

@@ -215,8 +215,8 @@ class PushConsumerConfig(ClientConfig):
     pull_time_delay_mills_when_exception: int = setting(3000, "retry delay after a failed pull", min=0, max=600_000)
     pull_time_delay_mills_when_flow_control: int = setting(50, "retry delay while flow control holds a queue",
                                                            min=0, max=600_000)
-    pull_time_delay_mills_when_suspend: int = setting(1000, "retry delay while the consumer is paused",
-                                                      min=0, max=600_000)
+    pull_time_delay_mills_when_suspend: int = setting(1000, "retry delay while the consumer is paused "
+                                                      "(resume() ends it at once)", min=0, max=600_000)
     broker_suspend_max_time_millis: int = setting(15_000, "how long the broker may hold a pull (long polling)",
                                                   min=0, max=600_000)
     consumer_timeout_millis_when_suspend: int = setting(30_000, "client timeout of a long-polling pull",

@@ -143,21 +143,27 @@ async def test_orderly_retry_in_place_then_success(broker_factory: Any) -> None:
         assert await env.dlq("orderly_retry") == []
 
 
+def suspended_orderly_consumer(env: Env, group: str) -> tuple[PushConsumer, list[str]]:
+    """An orderly consumer of ``T``, suspended before its start, and the bodies its listener is handed."""
+    seen: list[str] = []
+
+    async def listener(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+        seen.extend(body(m) for m in msgs)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    consumer = PushConsumer(env.config(group))
+    consumer.subscribe(T)
+    consumer.register_message_listener_orderly(listener)
+    consumer.suspend()
+    return consumer, seen
+
+
 async def test_suspended_before_start_locks_its_queue_but_pulls_nothing_until_resumed(broker_factory: Any) -> None:
     # RocketMQ's pause flag holds before the start; suspend() used to be ignored then, and the consumer pulled at once.
     async with environment(broker_factory) as env:
         for i in range(3):
             await env.send(f"m{i}")
-        seen: list[str] = []
-
-        async def listener(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
-            seen.extend(body(m) for m in msgs)
-            return ConsumeOrderlyStatus.SUCCESS
-
-        consumer = PushConsumer(env.config("suspended_start"))
-        consumer.subscribe(T)
-        consumer.register_message_listener_orderly(listener)
-        consumer.suspend()
+        consumer, seen = suspended_orderly_consumer(env, "suspended_start")
         assert consumer.suspended
         async with consumer:
             assert consumer.core is not None
@@ -174,16 +180,7 @@ async def test_suspended_before_start_locks_its_queue_but_pulls_nothing_until_re
 async def test_resumed_before_start_pulls_from_the_start(broker_factory: Any) -> None:
     async with environment(broker_factory) as env:
         await env.send("m0")
-        seen: list[str] = []
-
-        async def listener(msgs: list[MessageExt], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
-            seen.extend(body(m) for m in msgs)
-            return ConsumeOrderlyStatus.SUCCESS
-
-        consumer = PushConsumer(env.config("resumed_before_start"))
-        consumer.subscribe(T)
-        consumer.register_message_listener_orderly(listener)
-        consumer.suspend()
+        consumer, seen = suspended_orderly_consumer(env, "resumed_before_start")
         consumer.resume()
         assert not consumer.suspended
         async with consumer:

@@ -44,7 +44,6 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 HOST = "127.0.0.1"
@@ -118,21 +117,6 @@ def broker_exe() -> list[str]:
     if exe:
         return [exe]
     return [sys.executable, "-c", "from trimq.tools.broker import main; main()"]
-
-
-@contextlib.contextmanager
-def _maybe_sampled(name: str) -> Iterator[bool]:
-    """With ``TRIMQ_BENCH_SAMPLE=dir``: sample the stack on process CPU time while the block runs; trio then
-    runs in the main thread (``as inline`` is True), where Python runs signal handlers, so a sample lands on
-    whatever Python code holds the CPU (a sampler in another thread would only ever see the GIL released)."""
-    sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
-    if not sample_dir:
-        yield False
-        return
-    from bench.sampler import sampled_to
-
-    with sampled_to(os.path.join(sample_dir, f"{name}-{os.getpid()}.txt")):
-        yield True
 
 
 def broker_addr(args: Any) -> str:
@@ -277,7 +261,11 @@ async def _setup_trio(args: Any) -> None:
 # ---------------------------------------------------------------------------------------------- producer
 
 async def produce(args: Any, work: list[tuple[int, str, int, int]], maker: Any) -> dict[str, Any]:
-    with _maybe_sampled("produce") as inline:
+    from bench.sampler import sampled_if_asked  # on use: the harness loads this module as a peer
+
+    # Sampled, trio runs in the main thread, where Python runs signal handlers, so a sample lands on whatever Python
+    # code holds the CPU (a sampler in another thread would only ever see the GIL released).
+    with sampled_if_asked("produce") as inline:
         if inline:
             return _run_trio(_produce_trio, args, work, maker)
         return await asyncio.to_thread(_run_trio, _produce_trio, args, work, maker)
@@ -375,7 +363,9 @@ async def consume(args: Any, cid: int, queues: Any, rec: Any, ready: Any) -> Non
     """Consume as one member of the group until every queue it holds is consumed to the end of the workload
     (or ``--consumer-idle-s`` without a message, or the deadline). ``queues`` (the harness's static split) is
     ignored: the rebalance decides; ``rec.expected`` is set from the queues actually held."""
-    with _maybe_sampled(f"consume{cid}") as inline:
+    from bench.sampler import sampled_if_asked
+
+    with sampled_if_asked(f"consume{cid}") as inline:  # sampled: in the main thread, as produce() says
         if inline:
             _run_trio(_consume_trio, args, cid, rec, ready)
         else:

@@ -3,7 +3,8 @@
 ``with CpuSampler(thread_id) as s: ...`` samples the stack of one thread every ``interval_s`` of process CPU
 time (SIGPROF) and ``s.report()`` lists functions by samples where they were running (self) and on the stack
 (total). Unlike cProfile it adds no cost per call, so call-heavy code is not over-weighted. ``sampled_to(path)``
-samples the calling thread for a block and writes the report to a file.
+samples the calling thread for a block and writes the report to a file; ``sampled_if_asked(name)`` does so only
+under ``TRIMQ_BENCH_SAMPLE=dir``.
 """
 
 from __future__ import annotations
@@ -98,3 +99,15 @@ def sampled_to(path: str, top: int = 60) -> Iterator[CpuSampler]:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as fh:
             fh.write(sampler.report(top))
+
+
+@contextlib.contextmanager
+def sampled_if_asked(name: str) -> Iterator[bool]:
+    """With ``TRIMQ_BENCH_SAMPLE=dir``: :func:`sampled_to` ``dir/NAME-PID.txt`` for the block, which gets True (the
+    caller must then run its code in this, the main thread); otherwise nothing is sampled and the block gets False."""
+    sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")
+    if not sample_dir:
+        yield False
+        return
+    with sampled_to(os.path.join(sample_dir, f"{name}-{os.getpid()}.txt")):
+        yield True

@@ -27,7 +27,6 @@ ratio asyncio / trio (issue 18's target: at most 1.2).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -40,6 +39,7 @@ from typing import Any
 
 from bench.harness import REPO, RESULTS
 from bench.peer_trimq import start_broker_on_own_port
+from bench.sampler import sampled_if_asked
 
 HOST = "127.0.0.1"
 QUEUES = 8
@@ -63,13 +63,7 @@ def role_consume(args: argparse.Namespace) -> None:
     """One consumer; writes ``consumer.json`` (messages, CPU seconds and wall seconds first -> last message)."""
     _quiet()
     rec: dict[str, Any] = {"loop": args.loop, "profile": args.profile}
-    sample_dir = os.environ.get("TRIMQ_BENCH_SAMPLE")  # diagnostics: where the consumer's CPU goes (bench/sampler.py)
-    with contextlib.ExitStack() as stack:
-        if sample_dir:
-            from bench.sampler import sampled_to
-
-            name = f"{args.profile}-{args.loop}-{os.getpid()}.txt"
-            stack.enter_context(sampled_to(os.path.join(sample_dir, name)))
+    with sampled_if_asked(f"{args.profile}-{args.loop}"):  # diagnostics: where the consumer's CPU goes
         if args.loop == "trio":
             import trio
 

@@ -45,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -276,11 +277,17 @@ def _fmt_ratio(v: float | None) -> str:
 def curve_points(results: Path, rates: list[int]) -> list[dict[str, Any]]:
     """One entry per offered rate with both systems' medians and the trimq/Redis ratios, and whether the rate
     is in the targets' scope (paced, at most 0.9x Redis's own flat-out live rate in the same run)."""
-    redis_flat = (load(results, "redis-live.json") or {}).get("median", {}).get("produce_msgs_per_s")
+    return curve_points_of(lambda name: load(results, f"{name}.json"), rates)
+
+
+def curve_points_of(row: Callable[[str], dict[str, Any] | None], rates: list[int]) -> list[dict[str, Any]]:
+    """``curve_points`` over rows found by name (``trimq-live-rate10000``...): a results folder's files, or the
+    copies a run's summary.json keeps (``bench.history``)."""
+    redis_flat = (row("redis-live") or {}).get("median", {}).get("produce_msgs_per_s")
     out = []
     for rate in rates:
         name = "live" + (f"-{rate_tag(rate)}" if rate else "")
-        t, r = load(results, f"trimq-{name}.json"), load(results, f"redis-{name}.json")
+        t, r = row(f"trimq-{name}"), row(f"redis-{name}")
         point: dict[str, Any] = {"rate": rate, "trimq": t, "redis": r}
         if t and r and t.get("median") and r.get("median"):
             tm, rm = t["median"], r["median"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import RESULTS
-from bench.run_all import DEFAULT_RATES, _fmt_ratio, _ratio, curve_points_of
+from bench.run_all import DEFAULT_RATES, curve_points_of, fmt_ratio, mode_ratios
 
 __all__ = ["history_table", "main", "run_row"]
 
@@ -29,30 +29,27 @@ def _summary(folder: Path) -> dict[str, Any] | None:
     return got if isinstance(got, dict) else None
 
 
-def _drain(summary: dict[str, Any]) -> tuple[float | None, float | None]:
-    """trimq / Redis backlog drain rate (consume msg/s) and CPU per message."""
-    t, r = summary.get("trimq-backlog") or {}, summary.get("redis-backlog") or {}
-    return (_ratio(t.get("median", {}).get("consume_msgs_per_s"), r.get("median", {}).get("consume_msgs_per_s")),
-            _ratio(t.get("cpu_us_per_msg", {}).get("total"), r.get("cpu_us_per_msg", {}).get("total")))
-
-
 def run_row(name: str, summary: dict[str, Any]) -> str:
     """One Markdown row: the run's folder, date, load at the start, Redis's flat-out rate, then the ratios."""
     meta = summary.get("meta") or {}
-    points = curve_points_of(lambda row: summary.get(row) if isinstance(summary.get(row), dict) else None,
-                             list(DEFAULT_RATES))
+
+    def row(name: str) -> dict[str, Any] | None:
+        got = summary.get(name)
+        return got if isinstance(got, dict) else None
+
+    points = curve_points_of(row, list(DEFAULT_RATES))
     cells = [name, str(meta.get("date", "-")).removesuffix(" UTC"), str(meta.get("load", "-")).split(",")[0]]
     flat = (summary.get("redis-live") or {}).get("median", {}).get("produce_msgs_per_s")
     cells.append("-" if not flat else f"{flat / 1000:.1f}k")
     for p in points:
         ra = p.get("ratios") or {}
         if p["rate"]:
-            text = f"{_fmt_ratio(ra.get('p99'))} / {_fmt_ratio(ra.get('cpu'))}"
+            text = f"{fmt_ratio(ra.get('p99'))} / {fmt_ratio(ra.get('cpu'))}"
             cells.append(text if p["in_scope"] or not ra else f"({text})")
         else:
-            cells.append(f"{_fmt_ratio(ra.get('throughput'))} / {_fmt_ratio(ra.get('cpu'))}")
-    drain, drain_cpu = _drain(summary)
-    cells.append(f"{_fmt_ratio(drain)} / {_fmt_ratio(drain_cpu)}")
+            cells.append(f"{fmt_ratio(ra.get('throughput'))} / {fmt_ratio(ra.get('cpu'))}")
+    drain = mode_ratios(row("trimq-backlog"), row("redis-backlog")) or {}
+    cells.append(f"{fmt_ratio(drain.get('consume'))} / {fmt_ratio(drain.get('cpu'))}")
     return "| " + " | ".join(cells) + " |"
 
 

@@ -178,18 +178,11 @@ def report(results: Path, meta: dict[str, Any]) -> str:
     add("| mode | produce | consume | p99 (lower is better) | CPU total (lower is better) |")
     add("|---|---:|---:|---:|---:|")
     for mode in ("live", "backlog"):
-        t, r = rows.get(("trimq", mode, "")), rows.get(("redis", mode, ""))
-        if not t or not r:
+        ra = mode_ratios(rows.get(("trimq", mode, "")), rows.get(("redis", mode, "")))
+        if ra is None:
             continue
-        tm, rm = t["median"], r["median"]
-
-        def ratio(a: Any, b: Any) -> str:
-            return f"{a / b:.2f}" if a and b else "-"
-
-        add(f"| {mode} | {ratio(tm.get('produce_msgs_per_s'), rm.get('produce_msgs_per_s'))} | "
-            f"{ratio(tm.get('consume_msgs_per_s'), rm.get('consume_msgs_per_s'))} | "
-            f"{ratio(tm.get('p99_ms'), rm.get('p99_ms'))} | "
-            f"{ratio(t.get('cpu_us_per_msg', {}).get('total'), r.get('cpu_us_per_msg', {}).get('total'))} |")
+        add(f"| {mode} | {fmt_ratio(ra['produce'])} | {fmt_ratio(ra['consume'])} | {fmt_ratio(ra['p99'])} | "
+            f"{fmt_ratio(ra['cpu'])} |")
     add("")
     add(f"Redis client: redis-py {meta.get('redis_py', '?')} with the {meta.get('redis_parser', '?')}. "
         "trimq settings: broker max_transfer_count_on_message_in_memory 256 (1 MiB), consumer pull_batch_size 256, "
@@ -245,23 +238,17 @@ def report(results: Path, meta: dict[str, Any]) -> str:
 def ratios_text(results: Path, rates: list[int] | None = None) -> str:
     out = []
     for mode in ("live", "backlog"):
-        t, r = load(results, f"trimq-{mode}.json"), load(results, f"redis-{mode}.json")
-        if not t or not r or not t.get("median") or not r.get("median"):
+        ra = mode_ratios(load(results, f"trimq-{mode}.json"), load(results, f"redis-{mode}.json"))
+        if ra is None:
             continue
-        tm, rm = t["median"], r["median"]
-        parts = []
-        for key, what in (("produce_msgs_per_s", "produce"), ("consume_msgs_per_s", "consume"), ("p99_ms", "p99")):
-            if tm.get(key) and rm.get(key):
-                parts.append(f"{what} {tm[key] / rm[key]:.2f}")
-        tc, rc = t.get("cpu_us_per_msg", {}).get("total"), r.get("cpu_us_per_msg", {}).get("total")
-        if tc and rc:
-            parts.append(f"CPU/msg {tc / rc:.2f}")
+        parts = [f"{what} {v:.2f}" for what, v in (("produce", ra["produce"]), ("consume", ra["consume"]),
+                                                    ("p99", ra["p99"]), ("CPU/msg", ra["cpu"])) if v is not None]
         out.append(f"trimq/redis {mode}: " + ", ".join(parts))
     for point in curve_points(results, rates or list(DEFAULT_RATES)):
         ra = point.get("ratios")
         if ra and point["rate"]:
-            out.append(f"trimq/redis live at {rate_label(point['rate'])}: p50 {_fmt_ratio(ra['p50'])}, "
-                       f"p99 {_fmt_ratio(ra['p99'])}, p999 {_fmt_ratio(ra['p999'])}, CPU/msg {_fmt_ratio(ra['cpu'])}"
+            out.append(f"trimq/redis live at {rate_label(point['rate'])}: p50 {fmt_ratio(ra['p50'])}, "
+                       f"p99 {fmt_ratio(ra['p99'])}, p999 {fmt_ratio(ra['p999'])}, CPU/msg {fmt_ratio(ra['cpu'])}"
                        + ("" if point["in_scope"] else " (above 0.9x Redis flat out: outside the targets)"))
     return "\n".join(out)
 
@@ -270,8 +257,26 @@ def _ratio(a: Any, b: Any) -> float | None:
     return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
 
 
-def _fmt_ratio(v: float | None) -> str:
+def fmt_ratio(v: float | None) -> str:
+    """A ratio as the reports print it: two decimals, "-" when there is none."""
     return "-" if v is None else f"{v:.2f}"
+
+
+def mode_ratios(trimq: dict[str, Any] | None, redis: dict[str, Any] | None) -> dict[str, float | None] | None:
+    """trimq / Redis for one mode's rows (``trimq-backlog.json``...): produce and consume rates and p99 from the
+    medians, and total CPU per message; None unless both rows have medians. A figure that is missing or zero on
+    either side gives None."""
+    if not trimq or not redis or not trimq.get("median") or not redis.get("median"):
+        return None
+    tm, rm = trimq["median"], redis["median"]
+    tc, rc = trimq.get("cpu_us_per_msg", {}), redis.get("cpu_us_per_msg", {})
+
+    def of(a: Any, b: Any) -> float | None:
+        return a / b if a and b else None
+
+    return {"produce": of(tm.get("produce_msgs_per_s"), rm.get("produce_msgs_per_s")),
+            "consume": of(tm.get("consume_msgs_per_s"), rm.get("consume_msgs_per_s")),
+            "p99": of(tm.get("p99_ms"), rm.get("p99_ms")), "cpu": of(tc.get("total"), rc.get("total"))}
 
 
 def curve_points(results: Path, rates: list[int]) -> list[dict[str, Any]]:
@@ -349,12 +354,12 @@ def curve_report(results: Path, rates: list[int]) -> list[str]:
             scope = "flat out"
             tput = ra["throughput"]
             tp_met = "-" if tput is None else ("met" if tput >= 1.5 else "**missed**")
-            lines.append(f"| flat out | {_fmt_ratio(tput)} ({tp_met} vs 1.5) | {_fmt_ratio(ra['p50'])} | "
-                         f"{_fmt_ratio(ra['p99'])} | {_fmt_ratio(ra['p999'])} | {_fmt_ratio(ra['cpu'])} | {scope} | "
+            lines.append(f"| flat out | {fmt_ratio(tput)} ({tp_met} vs 1.5) | {fmt_ratio(ra['p50'])} | "
+                         f"{fmt_ratio(ra['p99'])} | {fmt_ratio(ra['p999'])} | {fmt_ratio(ra['cpu'])} | {scope} | "
                          "- | - |")
             continue
-        lines.append(f"| {rate_label(p['rate'])} | {_fmt_ratio(ra['throughput'])} | {_fmt_ratio(ra['p50'])} | "
-                     f"{_fmt_ratio(ra['p99'])} | {_fmt_ratio(ra['p999'])} | {_fmt_ratio(ra['cpu'])} | "
+        lines.append(f"| {rate_label(p['rate'])} | {fmt_ratio(ra['throughput'])} | {fmt_ratio(ra['p50'])} | "
+                     f"{fmt_ratio(ra['p99'])} | {fmt_ratio(ra['p999'])} | {fmt_ratio(ra['cpu'])} | "
                      f"{'yes' if p['in_scope'] else 'no (above 0.9x Redis flat out)'} | {_met(p, 'p99_met')} | "
                      f"{_met(p, 'cpu_met')} |")
     lines.append("")

@@ -2,6 +2,7 @@
 
     python -m bench.peer_bench run --peer trimq --runs 3 --mode live [workload flags]
     python -m bench.peer_bench run --peer redis --runs 3 --mode backlog
+    python -m bench.peer_bench run --peer redis,trimq --runs 5 --mode live --rate 10000
 
 The orchestration is the harness's ``bench.py`` (``../shared/bench/peers``) with two peers, ``redis`` (the
 harness's own ``peer_redis.py``) and ``trimq`` (``bench/peer_trimq.py``): per run a fresh server and data
@@ -11,6 +12,9 @@ process, bounded waits, the server stopped by PID, then aggregation exactly as t
 duplicates, process CPU). Added: CPU at the moment each client process became ready (so start-up cost can
 be told apart) and each trimq consumer's queue assignment. Per-peer medians go to
 ``bench/results/<peer>-<mode>.json``.
+
+With several peers (``--peer redis,trimq``) the runs alternate, one of each peer per round, so that a change in
+the machine's load between rounds reaches both systems alike instead of only the one whose runs came later.
 """
 
 from __future__ import annotations
@@ -54,10 +58,21 @@ def cpu_now() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def peer_names(text: str) -> str:
+    """``--peer``: one peer, or several separated by commas (``run`` alternates their runs)."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in PEERS]
+    if unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected one or more of {', '.join(PEERS)}, separated by commas, each at most once")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.peer_bench")
     p.add_argument("cmd", choices=["run", "role"])
-    p.add_argument("--peer", required=True, choices=PEERS)
+    p.add_argument("--peer", required=True, type=peer_names,
+                   help=f"one of {', '.join(PEERS)}, or (run) several separated by commas: their runs alternate")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--mode", default="live", choices=["live", "backlog"])
     p.add_argument("--tag", default="", help="suffix for the results file")
@@ -75,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- roles (subprocesses)
 
 def role_main(args: argparse.Namespace) -> None:
+    if "," in args.peer:
+        raise SystemExit(f"--peer {args.peer}: a role process runs one peer")
     mod = peer_mod(args.peer)
     os.makedirs(args.outdir, exist_ok=True)
     if args.role == "produce":
@@ -321,26 +338,33 @@ def summarize(args: argparse.Namespace, mod: Any, runs: list[dict[str, Any]]) ->
     )
 
 
-def run_main(args: argparse.Namespace) -> dict[str, Any]:
-    mod = peer_mod(args.peer)
+def run_main(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``--runs`` runs of each peer named, alternating (run i of every peer, then run i + 1); one summary per
+    peer, written to ``<results>/<peer>-<mode>[-<tag>].json`` and returned by peer name."""
+    peers = args.peer.split(",")
+    per_peer = {name: argparse.Namespace(**{**vars(args), "peer": name}) for name in peers}
+    mods = {name: peer_mod(name) for name in peers}
     os.makedirs(args.results, exist_ok=True)
-    runs = []
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
     for i in range(args.runs):
-        t = time.monotonic()
-        try:
-            r = one_run(args, mod, i)
-        except Exception as e:
-            r = dict(run=i, error=repr(e))
-        r["wall_s"] = time.monotonic() - t
-        runs.append(r)
-        print(json.dumps({k: v for k, v in r.items() if k not in ("consumers", "producer")}, default=str),
-              flush=True)
-    summary = summarize(args, mod, runs)
-    name = f"{args.peer}-{args.mode}" + (f"-{args.tag}" if args.tag else "") + ".json"
-    common.write_json(os.path.join(args.results, name), summary)
-    print("MEDIAN", args.peer, args.mode, args.tag, json.dumps(summary["median"]),
-          json.dumps(summary["cpu_us_per_msg"]), flush=True)
-    return summary
+        for name in peers:
+            t = time.monotonic()
+            try:
+                r = one_run(per_peer[name], mods[name], i)
+            except Exception as e:
+                r = dict(run=i, error=repr(e))
+            r["wall_s"] = time.monotonic() - t
+            runs[name].append(r)
+            print(name, json.dumps({k: v for k, v in r.items() if k not in ("consumers", "producer")}, default=str),
+                  flush=True)
+    summaries: dict[str, dict[str, Any]] = {}
+    for name in peers:
+        summary = summaries[name] = summarize(per_peer[name], mods[name], runs[name])
+        file_name = f"{name}-{args.mode}" + (f"-{args.tag}" if args.tag else "") + ".json"
+        common.write_json(os.path.join(args.results, file_name), summary)
+        print("MEDIAN", name, args.mode, args.tag, json.dumps(summary["median"]),
+              json.dumps(summary["cpu_us_per_msg"]), flush=True)
+    return summaries
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,6 +35,9 @@ def test_report_and_ratios(tmp_path: Path) -> None:
     assert "| graceful | 2 | 0.15 / 0.2 s | 0.2 s met | 0 | 0 | 0 | 0 | 0 |" in text
     assert "1500.0 renewals/s cost the broker 0.3 CPU-s/s" in text
     assert ratios_text(tmp_path) == "trimq/redis live: produce 1.50, consume 1.50, p99 0.50, CPU/msg 0.80"
+    assert "Runs of the two systems" not in text  # a run stored before the runs alternated says nothing of it
+    text = report(tmp_path, {"argv": [], "runs_order": "alternating, one of each per round (Redis, trimq, Redis, ...)"})
+    assert "Runs of the two systems at each rate and in the backlog: alternating, one of each per round" in text
 
 
 def _curve_row(peer: str, p50: float, p99: float, total: float, rate: float, lag: float | None) -> dict[str, object]:

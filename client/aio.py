@@ -28,6 +28,11 @@ How the two loops meet (the bridge):
   created it (as Python 3.12's eager tasks do, with the task as ``asyncio.current_task()`` and sniffio saying
   asyncio): a listener that finishes without suspending - most of them, per message - returns to trio with no
   round trip at all; one that awaits I/O carries on as an ordinary task of the host loop.
+* **A task standing by.** Creating, scheduling and finishing an asyncio task per call costs ~3 µs, so one task
+  (named ``trimq.aio.listener``) stands by for the calls' first steps: those that finish there share it, the
+  first that suspends keeps it as its own task (the same ``current_task()`` before and after), and a new one
+  stands by. A call that cancels its task or adds a done callback to it gets it to itself too (it ends with the
+  call). The guest run's end ends the task standing by.
 * Plain ``def`` listeners run in worker threads, as under trio.
 
 Leaving the ``async with`` block (normally, by an exception or because the owning asyncio task is cancelled)
@@ -139,63 +144,92 @@ async def _uncancellable(fut: asyncio.Future[T]) -> T:
     return fut.result()
 
 
-_NOT_STARTED, _SUSPENDED, _RETURNED, _RAISED, _HANDED_OVER = range(5)
+_NOTHING: Any = object()
 
 
-class _EagerStart(Coroutine[Any, Any, Any]):
-    """An asyncio task's coroutine whose first step already ran (:meth:`first_step`, inside a trio step).
+class _Standby(Coroutine[Any, Any, Any]):
+    """The coroutine of an asyncio task kept ready for listener calls: their first steps run as this task.
 
-    The task created for it runs its own steps afterwards: its first ``send`` gives the task what the first step
-    yielded (the future the coroutine waits on) and later ones go to the coroutine, so the task carries on
-    exactly where the first step stopped. When the first step finished the coroutine, the outcome is taken from
-    here (:attr:`state`, :attr:`value`) and the task just ends (result None)."""
+    Creating, scheduling and finishing an asyncio task for every listener call costs ~3 µs; most calls finish in
+    their first step, so one task serves them all, standing by on a future of its own (:attr:`wake`) between
+    calls. A first step that suspends hands its coroutine to the task (:meth:`adopt`): the task's next step gives
+    the task what the coroutine waits on, and the task carries the coroutine on, each step in the call's context,
+    as if it had been created for it (the same task before and after the suspension, so ``asyncio.timeout`` and
+    ``current_task()`` hold). The host then stands a new task by. A task ends with its call's outcome when a first
+    step that returned left something on it (:meth:`finish`: done callbacks, a cancellation), and with None when
+    the host retires it (:meth:`finish` too)."""
 
-    __slots__ = ("coro", "state", "value")
+    __slots__ = ("context", "coro", "finished", "result", "wake", "yielded")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self.coro = coro
-        self.state = _NOT_STARTED
-        self.value: Any = None
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.wake: asyncio.Future[None] = loop.create_future()
+        self.coro: Coroutine[Any, Any, Any] | None = None
+        self.context: contextvars.Context | None = None
+        self.yielded: Any = _NOTHING
+        self.finished = False
+        self.result: Any = None
 
-    def first_step(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any],
-                   context: contextvars.Context) -> None:
+    def free(self, task: asyncio.Task[Any]) -> bool:
+        """Whether a first step may run as ``task`` (this coroutine's): nothing adopted, not finished, and no
+        cancellation pending (one would reach the next call that suspends)."""
+        return self.coro is None and not self.finished and not self.wake.done() and not task.done() \
+            and not task.cancelling()
+
+    def first_step(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], coro: Coroutine[Any, Any, Any],
+                   context: contextvars.Context) -> tuple[bool, Any, BaseException | None]:
+        """Run ``coro``'s first step as ``task`` in ``context``; (suspended, value, error): the value yielded
+        (suspended) or returned, or the exception raised."""
         assert _enter_task is not None and _leave_task is not None
         library, sniffio.thread_local.name = sniffio.thread_local.name, None
         _enter_task(loop, task)
         try:
-            self.value = context.run(self.coro.send, None)
-            self.state = _SUSPENDED
+            return True, context.run(coro.send, None), None
         except StopIteration as stop:
-            self.state, self.value = _RETURNED, stop.value
+            return False, stop.value, None
         except BaseException as exc:
-            self.state, self.value = _RAISED, exc
+            return False, None, exc
         finally:
             _leave_task(loop, task)
             sniffio.thread_local.name = library
 
+    def adopt(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context, yielded: Any) -> None:
+        """The task carries ``coro`` on from its first step, which yielded ``yielded``."""
+        self.coro, self.context, self.yielded = coro, context, yielded
+        self._wake_up()
+
+    def finish(self, result: Any = None) -> None:
+        """The task ends (result ``result``) at its next step, unless a coroutine was adopted."""
+        self.finished, self.result = True, result
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        if not self.wake.done():  # (cancelled: the task is cancelled, and its next step says so)
+            self.wake.set_result(None)
+
     def send(self, value: Any) -> Any:
-        state = self.state
-        if state == _HANDED_OVER:
-            return self.coro.send(value)
-        self.state = _HANDED_OVER
-        if state == _SUSPENDED:
-            return self.value  # the task now waits for what the first step waited for
-        if state == _NOT_STARTED:
-            return self.coro.send(value)
-        raise StopIteration(None)  # finished in the first step: the outcome went to trio directly
+        if self.coro is not None:
+            yielded, self.yielded = self.yielded, _NOTHING
+            if yielded is not _NOTHING:
+                return yielded  # the task now waits for what the first step waited for
+            assert self.context is not None
+            return self.context.run(self.coro.send, value)
+        if self.finished:
+            raise StopIteration(self.result)
+        self.wake._asyncio_future_blocking = True  # type: ignore[attr-defined]  # what ``await wake`` would set
+        return self.wake
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
         exc = typ if val is None else val
-        state = self.state
-        self.state = _HANDED_OVER
-        if state in (_RETURNED, _RAISED):
-            raise exc
-        return self.coro.throw(exc)
+        if self.coro is not None:
+            self.yielded = _NOTHING
+            assert self.context is not None
+            return self.context.run(self.coro.throw, exc)
+        self.finished = True  # cancelled while standing by, or after its call returned: no more first steps
+        raise exc
 
     def close(self) -> None:
-        if self.state in (_RETURNED, _RAISED):
-            return
-        self.coro.close()
+        if self.coro is not None:
+            self.coro.close()
 
     def __await__(self) -> Generator[Any, None, Any]:  # pragma: no cover - asyncio drives it with send/throw
         raise TypeError("not awaitable: an asyncio task drives it")
@@ -216,6 +250,8 @@ class GuestHost:
         self._entered: list[_Entered] = []
         """Objects entered and not yet exited through :meth:`exit` (also those whose block already failed: their
         error is raised by :meth:`exit`)."""
+        self._standby: tuple[asyncio.Task[Any], _Standby] | None = None
+        """The asyncio task that listener calls' first steps run as (:class:`_Standby`), once one was needed."""
 
     # --- the guest run --------------------------------------------------------------------------------
 
@@ -243,6 +279,9 @@ class GuestHost:
 
     def _done(self, result: outcome.Outcome[None]) -> None:
         self.closing = True
+        if self._standby is not None:  # no more calls: the standing task ends
+            self._standby[1].finish()
+            self._standby = None
         if _HOSTS.get(self.loop) is self:
             del _HOSTS[self.loop]
         error: BaseException = RuntimeError("the trio guest run ended before it was ready")
@@ -370,16 +409,21 @@ class GuestHost:
         if _enter_task is None or asyncio.current_task(self.loop) is not None:
             task = self.loop.create_task(coro, context=ctx)  # (trio steps of a guest run are callbacks, no task)
         else:
-            eager = _EagerStart(coro)
-            task = self.loop.create_task(eager, context=ctx)
-            eager.first_step(self.loop, task, ctx)
-            if eager.state == _RETURNED:
-                return eager.value
-            if eager.state == _RAISED:
-                error = eager.value
-                if isinstance(error, asyncio.CancelledError):
-                    raise AsyncioTaskCancelledError(f"{fn!r} raised CancelledError") from error
-                raise error
+            task, standby = self._standby_task()
+            suspended, result, error = standby.first_step(self.loop, task, coro, ctx)
+            if suspended:
+                standby.adopt(coro, ctx, result)
+                self._standby = None
+            else:
+                if task.cancelling() or task._callbacks:  # type: ignore[attr-defined]
+                    # The call cancelled its task or asked to hear when it ends: it ends now, with the call.
+                    standby.finish(result)
+                    self._standby = None
+                if error is not None:
+                    if isinstance(error, asyncio.CancelledError):
+                        raise AsyncioTaskCancelledError(f"{fn!r} raised CancelledError") from error
+                    raise error
+                return result
         done = trio.Event()
         task.add_done_callback(lambda _t: done.set())
         try:
@@ -392,6 +436,13 @@ class GuestHost:
         if task.cancelled():  # by someone else: a failure of this call, not a cancellation of the trio side
             raise AsyncioTaskCancelledError(f"the asyncio task running {fn!r} was cancelled")
         return task.result()
+
+    def _standby_task(self) -> tuple[asyncio.Task[Any], _Standby]:
+        """The task standing by for listener calls' first steps; a new one when there is none or it is taken."""
+        if self._standby is None or not self._standby[1].free(self._standby[0]):
+            standby = _Standby(self.loop)
+            self._standby = (self.loop.create_task(standby, name="trimq.aio.listener"), standby)
+        return self._standby
 
     def to_trio(self, fn: Any, context: contextvars.Context | None = None) -> Any:
         """``fn`` as trio code can call it: an ``async def`` written for asyncio becomes an ``async def`` that

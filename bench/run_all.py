@@ -503,15 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     meta["rates"] = rates = parse_rates(args.rates)
     # The latency curve: live mode at each offered rate, the two systems' runs alternating (one of each per
     # round) so that both see the same machine, however its load drifts; rate 0 (flat out) is the plain live row.
-    both = ",".join(peers)
+    both, label = ",".join(peers), " and ".join(peers)
     meta["runs_order"] = "alternating, one of each per round (Redis, trimq, Redis, ...)" if redis else "trimq only"
     for rate in rates:
-        if run_step(f"{' and '.join(peers)} live {rate_label(rate)}",
+        if run_step(f"{label} live {rate_label(rate)}",
                     py("bench.peer_bench", "run", "--peer", both, "--mode", "live", "--rate", str(rate),
                        "--tag", rate_tag(rate), *common_flags), timeout=STEP_TIMEOUT_S * len(peers)) != 0:
             rc = 1
-    if run_step(f"{' and '.join(peers)} backlog", py("bench.peer_bench", "run", "--peer", both, "--mode", "backlog",
-                                                     *common_flags), timeout=STEP_TIMEOUT_S * len(peers)) != 0:
+    if run_step(f"{label} backlog", py("bench.peer_bench", "run", "--peer", both, "--mode", "backlog",
+                                    *common_flags), timeout=STEP_TIMEOUT_S * len(peers)) != 0:
         rc = 1
     if args.stages:
         run_step(f"trimq live {rate_label(args.stages)}, per-stage timestamps",

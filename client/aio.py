@@ -159,29 +159,31 @@ class _Standby(Coroutine[Any, Any, Any]):
     step that returned left something on it (:meth:`finish`: done callbacks, a cancellation), and with None when
     the host retires it (:meth:`finish` too)."""
 
-    __slots__ = ("context", "coro", "finished", "result", "wake", "yielded")
+    __slots__ = ("context", "coro", "finished", "loop", "result", "task", "wake", "yielded")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self.wake: asyncio.Future[None] = loop.create_future()
         self.coro: Coroutine[Any, Any, Any] | None = None
         self.context: contextvars.Context | None = None
         self.yielded: Any = _NOTHING
         self.finished = False
         self.result: Any = None
+        self.task: asyncio.Task[Any] = loop.create_task(self, name="trimq.aio.listener")
 
-    def free(self, task: asyncio.Task[Any]) -> bool:
-        """Whether a first step may run as ``task`` (this coroutine's): nothing adopted, not finished, and no
-        cancellation pending (one would reach the next call that suspends)."""
-        return self.coro is None and not self.finished and not self.wake.done() and not task.done() \
-            and not task.cancelling()
+    @property
+    def free(self) -> bool:
+        """Whether a first step may run as this task: nothing adopted, not finished (a finished task is done or
+        about to be), and no cancellation pending (one would reach the next call that suspends)."""
+        return self.coro is None and not self.finished and not self.wake.done() and not self.task.cancelling()
 
-    def first_step(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], coro: Coroutine[Any, Any, Any],
+    def first_step(self, coro: Coroutine[Any, Any, Any],
                    context: contextvars.Context) -> tuple[bool, Any, BaseException | None]:
-        """Run ``coro``'s first step as ``task`` in ``context``; (suspended, value, error): the value yielded
+        """Run ``coro``'s first step as this task in ``context``; (suspended, value, error): the value yielded
         (suspended) or returned, or the exception raised."""
         assert _enter_task is not None and _leave_task is not None
         library, sniffio.thread_local.name = sniffio.thread_local.name, None
-        _enter_task(loop, task)
+        _enter_task(self.loop, self.task)
         try:
             return True, context.run(coro.send, None), None
         except StopIteration as stop:
@@ -189,7 +191,7 @@ class _Standby(Coroutine[Any, Any, Any]):
         except BaseException as exc:
             return False, None, exc
         finally:
-            _leave_task(loop, task)
+            _leave_task(self.loop, self.task)
             sniffio.thread_local.name = library
 
     def adopt(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context, yielded: Any) -> None:
@@ -250,7 +252,7 @@ class GuestHost:
         self._entered: list[_Entered] = []
         """Objects entered and not yet exited through :meth:`exit` (also those whose block already failed: their
         error is raised by :meth:`exit`)."""
-        self._standby: tuple[asyncio.Task[Any], _Standby] | None = None
+        self._standby: _Standby | None = None
         """The asyncio task that listener calls' first steps run as (:class:`_Standby`), once one was needed."""
 
     # --- the guest run --------------------------------------------------------------------------------
@@ -280,7 +282,7 @@ class GuestHost:
     def _done(self, result: outcome.Outcome[None]) -> None:
         self.closing = True
         if self._standby is not None:  # no more calls: the standing task ends
-            self._standby[1].finish()
+            self._standby.finish()
             self._standby = None
         if _HOSTS.get(self.loop) is self:
             del _HOSTS[self.loop]
@@ -409,8 +411,9 @@ class GuestHost:
         if _enter_task is None or asyncio.current_task(self.loop) is not None:
             task = self.loop.create_task(coro, context=ctx)  # (trio steps of a guest run are callbacks, no task)
         else:
-            task, standby = self._standby_task()
-            suspended, result, error = standby.first_step(self.loop, task, coro, ctx)
+            standby = self._standby_task()
+            task = standby.task
+            suspended, result, error = standby.first_step(coro, ctx)
             if suspended:
                 standby.adopt(coro, ctx, result)
                 self._standby = None
@@ -437,11 +440,10 @@ class GuestHost:
             raise AsyncioTaskCancelledError(f"the asyncio task running {fn!r} was cancelled")
         return task.result()
 
-    def _standby_task(self) -> tuple[asyncio.Task[Any], _Standby]:
+    def _standby_task(self) -> _Standby:
         """The task standing by for listener calls' first steps; a new one when there is none or it is taken."""
-        if self._standby is None or not self._standby[1].free(self._standby[0]):
-            standby = _Standby(self.loop)
-            self._standby = (self.loop.create_task(standby, name="trimq.aio.listener"), standby)
+        if self._standby is None or not self._standby.free:
+            self._standby = _Standby(self.loop)
         return self._standby
 
     def to_trio(self, fn: Any, context: contextvars.Context | None = None) -> Any:

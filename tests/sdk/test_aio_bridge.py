@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext  # entered in the guest run, it holds the run open for a test's calls
 from typing import Any, TypeVar
 
 import pytest
@@ -30,13 +31,13 @@ def run(main: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(bounded())
 
 
-async def bridge(fn: Callable[..., Any], *args: Any, context: contextvars.Context | None = None) -> Any:
+async def bridge(fn: Callable[..., Any], *args: Any) -> Any:
     """Call ``fn(*args)`` from a trio task of the guest run, through the bridge, as a listener is called."""
 
     async def trio_side() -> Any:
         host = client_aio._HOSTS[asyncio.get_running_loop()]
         assert sniffio.current_async_library() == "trio"
-        return await host.run_asyncio(context or contextvars.copy_context(), fn, *args)
+        return await host.run_asyncio(contextvars.copy_context(), fn, *args)
 
     return await client_aio.run_trio(trio_side)
 
@@ -62,7 +63,7 @@ def test_calls_that_do_not_suspend_share_one_task_and_calls_that_do_keep_theirs(
         return i, asyncio.current_task() is task, CALL_ID.get()
 
     async def main() -> None:
-        async with client_aio.trio_context(_idle()):
+        async with client_aio.trio_context(nullcontext()):
             assert [await bridge(quick, i) for i in range(5)] == [0, 10, 20, 30, 40]
             first = seen[0][1]
             assert first is not None and all(task is first for _, task, _, _ in seen)  # one task for all five
@@ -94,7 +95,7 @@ def test_a_call_that_cancels_its_task_or_watches_it_ends_it_with_its_outcome() -
     ended: list[asyncio.Task[Any]] = []
 
     async def main() -> None:
-        async with client_aio.trio_context(_idle()):
+        async with client_aio.trio_context(nullcontext()):
             before = await bridge(quick)
             assert await bridge(watched) == "watched"
             await asyncio.sleep(0)
@@ -118,7 +119,7 @@ def test_errors_raised_in_the_first_step_reach_trio_and_the_task_stays_ready() -
         return asyncio.current_task()
 
     async def main() -> None:
-        async with client_aio.trio_context(_idle()):
+        async with client_aio.trio_context(nullcontext()):
             task = await bridge(quick)
             with pytest.raises(ValueError, match="listener failed"):
                 await bridge(fails, "value")
@@ -138,7 +139,7 @@ def test_a_task_cancelled_while_standing_by_is_not_used_again() -> None:
         return "done"
 
     async def main() -> None:
-        async with client_aio.trio_context(_idle()):
+        async with client_aio.trio_context(nullcontext()):
             task = await bridge(quick)
             assert task is not None
             task.cancel()  # e.g. a service cancelling every task it finds
@@ -168,14 +169,30 @@ def test_the_end_of_the_guest_run_ends_the_standing_task() -> None:
     run(main)
 
 
-class _Idle:
-    async def __aenter__(self) -> None:
-        return None
+def test_cancelling_the_trio_side_cancels_the_call_the_task_carries_on() -> None:
+    """A call that suspended is carried on by the task it first ran as; cancelling the trio side (a shutdown's drain
+    bound running out) cancels that task, and the listener sees CancelledError at its await."""
+    saw: list[str] = []
 
-    async def __aexit__(self, *exc: object) -> None:
-        return None
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            saw.append("cancelled")
+            raise
 
+    async def main() -> None:
+        async with client_aio.trio_context(nullcontext()):
+            async def trio_side() -> bool:
+                import trio
 
-def _idle() -> _Idle:
-    """A trio context manager that does nothing: it holds the guest run open for a test's calls."""
-    return _Idle()
+                host = client_aio._HOSTS[asyncio.get_running_loop()]
+                with trio.move_on_after(0.05) as scope:
+                    await host.run_asyncio(contextvars.copy_context(), waits)
+                return scope.cancelled_caught
+
+            assert await client_aio.run_trio(trio_side)
+            assert saw == ["cancelled"]
+            assert listener_tasks() == []  # the task that carried the call ended with it
+
+    run(main)

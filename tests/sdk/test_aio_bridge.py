@@ -196,3 +196,34 @@ def test_cancelling_the_trio_side_cancels_the_call_the_task_carries_on() -> None
             assert listener_tasks() == []  # the task that carried the call ended with it
 
     run(main)
+
+
+def test_without_asyncio_task_helpers_each_call_runs_as_a_task_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a Python whose asyncio lacks ``_enter_task``/``_leave_task`` the bridge falls back to a task per call (no
+    task stands by): results, errors, each call's own context and the cancellation of a failing call still hold."""
+    monkeypatch.setattr(client_aio, "_enter_task", None)
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def quick(i: int) -> tuple[int, str]:
+        tasks.append(asyncio.current_task())
+        seen = CALL_ID.get()
+        CALL_ID.set(f"set by call {i}")
+        return i, seen
+
+    async def slow() -> str:
+        await asyncio.sleep(0.001)
+        return sniffio.current_async_library()
+
+    async def fails() -> None:
+        raise ValueError("listener failed")
+
+    async def main() -> None:
+        async with client_aio.trio_context(nullcontext()):
+            assert [await bridge(quick, i) for i in range(3)] == [(0, "unset"), (1, "unset"), (2, "unset")]
+            assert len({id(t) for t in tasks}) == 3 and all(t is not None and t.done() for t in tasks)
+            assert await bridge(slow) == "asyncio"
+            with pytest.raises(ValueError, match="listener failed"):
+                await bridge(fails)
+            assert listener_tasks() == []  # nothing stands by on this path
+
+    run(main)

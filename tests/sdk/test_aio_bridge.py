@@ -200,7 +200,7 @@ def test_cancelling_the_trio_side_cancels_the_call_the_task_carries_on() -> None
 
 def test_without_asyncio_task_helpers_each_call_runs_as_a_task_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a Python whose asyncio lacks ``_enter_task``/``_leave_task`` the bridge falls back to a task per call (no
-    task stands by): results, errors, each call's own context and the cancellation of a failing call still hold."""
+    task stands by): results, errors and each call's own context still hold."""
     monkeypatch.setattr(client_aio, "_enter_task", None)
     tasks: list[asyncio.Task[Any] | None] = []
 

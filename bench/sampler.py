@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -23,7 +24,8 @@ from typing import Any
 class CpuSampler:
     def __init__(self, thread_id: int | None = None, interval_s: float | None = None) -> None:
         """``thread_id`` None: the busiest other thread (sampled: whichever non-main thread has a frame).
-        ``interval_s`` None: ``$TRIMQ_BENCH_SAMPLE_INTERVAL_MS`` (default 2 ms) of process CPU time."""
+        ``interval_s`` None: ``$TRIMQ_BENCH_SAMPLE_INTERVAL_MS`` (default 2 ms) of process CPU time, rounded up by
+        the kernel to its tick (:meth:`header`)."""
         self.thread_id = thread_id
         self.main_id = threading.main_thread().ident
         if interval_s is None:
@@ -33,6 +35,9 @@ class CpuSampler:
         self.total_counts: collections.Counter[str] = collections.Counter()
         self.lines: collections.Counter[str] = collections.Counter()
         self.samples = 0
+        self.cpu_s = 0.0
+        """Process CPU time the sampler ran over (set when it stops)."""
+        self._cpu0 = 0.0
         self._old: Any = None
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -63,16 +68,27 @@ class CpuSampler:
 
     def __enter__(self) -> CpuSampler:
         self._old = signal.signal(signal.SIGPROF, self._handler)
+        self._cpu0 = time.process_time()
         signal.setitimer(signal.ITIMER_PROF, self.interval_s, self.interval_s)
         return self
 
     def __exit__(self, *exc: object) -> None:
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        self.cpu_s = time.process_time() - self._cpu0
         signal.signal(signal.SIGPROF, self._old or signal.SIG_DFL)
+
+    def header(self) -> str:
+        """How many samples, over how much CPU, at what effective interval. Linux fires ITIMER_PROF at most once
+        per kernel tick (4 ms at HZ=250), so an interval asked below that samples no more often than the tick."""
+        line = f"{self.samples} samples"
+        if self.samples and self.cpu_s > 0:
+            line += (f" over {self.cpu_s:.2f} s of process CPU: one per {1000 * self.cpu_s / self.samples:.2f} ms"
+                     f" (asked: {1000 * self.interval_s:g} ms)")
+        return line
 
     def report(self, top: int = 40) -> str:
         n = max(self.samples, 1)
-        lines = [f"{self.samples} samples", "self%  total%  function"]
+        lines = [self.header(), "self%  total%  function"]
         for name, c in self.self_counts.most_common(top):
             lines.append(f"{100 * c / n:5.1f}  {100 * self.total_counts[name] / n:6.1f}  {name}")
         lines.append("")

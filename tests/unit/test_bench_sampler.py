@@ -34,3 +34,15 @@ def test_nothing_is_sampled_unless_asked(tmp_path: Path, monkeypatch: pytest.Mon
         assert inline is True
         _spin(0.05)
     assert [p.name for p in tmp_path.iterdir()] == [f"produce-{os.getpid()}.txt"]
+
+
+def test_the_report_says_the_interval_the_samples_came_at(tmp_path: Path) -> None:
+    """The first line gives the CPU sampled over and the effective interval next to the one asked for: Linux fires
+    ITIMER_PROF at most once per kernel tick, so 0.25 ms asked is ~4 ms got at HZ=250, and a reader must know."""
+    path = tmp_path / "report.txt"
+    with sampled_to(str(path)) as sampler:
+        _spin(0.1)
+    first = path.read_text().splitlines()[0]
+    assert sampler.samples > 0 and sampler.cpu_s >= 0.1
+    assert first.startswith(f"{sampler.samples} samples over {sampler.cpu_s:.2f} s of process CPU: one per ")
+    assert first.endswith(f" ms (asked: {1000 * sampler.interval_s:g} ms)")

@@ -397,6 +397,13 @@ def rate_label(rate: float) -> str:
     return f"{int(rate):,} msg/s" if rate else "flat out"
 
 
+def runs_order(peers: list[str]) -> str:
+    """How the curve's and the backlog's runs were ordered, as REPORT.md's header says it (``meta["runs_order"]``)."""
+    if len(peers) > 1:
+        return "alternating, one of each per round (Redis, trimq, Redis, ...)"
+    return f"{peers[0]}'s alone (redis-server was not available)"
+
+
 def ha_report(ha: Any) -> list[str]:
     """REPORT.md's high-availability section (bench.ha's ha.json), or nothing."""
     if not ha:
@@ -504,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     # The latency curve: live mode at each offered rate, the two systems' runs alternating (one of each per
     # round) so that both see the same machine, however its load drifts; rate 0 (flat out) is the plain live row.
     both, label = ",".join(peers), " and ".join(peers)
-    meta["runs_order"] = "alternating, one of each per round (Redis, trimq, Redis, ...)" if redis else "trimq only"
+    meta["runs_order"] = runs_order(peers)
     for rate in rates:
         if run_step(f"{label} live {rate_label(rate)}",
                     py("bench.peer_bench", "run", "--peer", both, "--mode", "live", "--rate", str(rate),

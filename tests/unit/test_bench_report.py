@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.run_all import ratios_text, report
+from bench.run_all import ratios_text, report, runs_order
 
 
 def _row(peer: str, mode: str, rate: float, p99: float, total: float) -> dict[str, object]:
@@ -78,3 +78,8 @@ def test_latency_curve_ratios_and_targets(tmp_path: Path) -> None:
     lines = ratios_text(tmp_path, rates).splitlines()
     assert "trimq/redis live at 20,000 msg/s: p50 1.50, p99 2.00, p999 2.00, CPU/msg 0.90" in lines
     assert lines[-1].endswith("(above 0.9x Redis flat out: outside the targets)")
+
+
+def test_the_runs_order_the_header_states() -> None:
+    assert runs_order(["redis", "trimq"]) == "alternating, one of each per round (Redis, trimq, Redis, ...)"
+    assert runs_order(["trimq"]) == "trimq's alone (redis-server was not available)"  # no Redis: nothing alternates

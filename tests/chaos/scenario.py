@@ -297,6 +297,21 @@ def _stable_port() -> int:
     raise RuntimeError(f"no free port in {bottom}-{top}")
 
 
+def consumer_end_problem(name: str, returncode: int | None) -> str | None:
+    """What a consumer's exit status says is wrong, or None: 0 (SIGTERM at the end) and SIGKILL (a kill event) are
+    the harness's own; anything else is a finding, and SIGHUP is named, because it is not trimq's doing: when the
+    shell that started the run exits while a consumer is stopped (a pause), the kernel hangs up the run's orphaned
+    process group, and the stopped consumer dies on SIGCONT (seen 2026-12-07 with a run put in the background of a
+    shell that then exited; run long seeds in the foreground or under ``setsid``)."""
+    if returncode in (0, -signal.SIGKILL):
+        return None
+    if returncode == -signal.SIGHUP:
+        return (f"{name} ended with status {returncode} (SIGHUP: the shell that started this run exited while "
+                f"{name} was stopped, and the kernel hung up the run's process group; rerun in the foreground or "
+                "under setsid)")
+    return f"{name} ended with status {returncode}"
+
+
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -791,8 +806,9 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
             if status != 0:
                 problems.append(f"{p.name} exited with {status}: {p.log_text()[-1500:]}")
         for p in cluster.all_consumers:  # a consumer dying by itself is a finding
-            if p.popen.returncode not in (0, -signal.SIGKILL):
-                problems.append(f"{p.name} ended with status {p.popen.returncode}")
+            problem = consumer_end_problem(p.name, p.popen.returncode)
+            if problem is not None:
+                problems.append(problem)
     finally:
         try:
             cluster.cleanup()

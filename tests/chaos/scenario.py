@@ -299,16 +299,15 @@ def _stable_port() -> int:
 
 def consumer_end_problem(name: str, returncode: int | None) -> str | None:
     """What a consumer's exit status says is wrong, or None: 0 (SIGTERM at the end) and SIGKILL (a kill event) are
-    the harness's own; anything else is a finding, and SIGHUP is named, because it is not trimq's doing: when the
-    shell that started the run exits while a consumer is stopped (a pause), the kernel hangs up the run's orphaned
-    process group, and the stopped consumer dies on SIGCONT (seen 2026-12-07 with a run put in the background of a
-    shell that then exited; run long seeds in the foreground or under ``setsid``)."""
+    the harness's own; anything else is a finding. SIGHUP is named because it is most likely not trimq's doing: on
+    2026-12-07 a run put in the background of a shell that then exited lost the consumer that was stopped at that
+    moment (a pause) to a SIGHUP, delivered on its SIGCONT; running processes were not hit, and under ``setsid``
+    nothing was. Run long seeds in the foreground or under ``setsid``."""
     if returncode in (0, -signal.SIGKILL):
         return None
     if returncode == -signal.SIGHUP:
-        return (f"{name} ended with status {returncode} (SIGHUP: the shell that started this run exited while "
-                f"{name} was stopped, and the kernel hung up the run's process group; rerun in the foreground or "
-                "under setsid)")
+        return (f"{name} ended with status {returncode} (SIGHUP: most likely the shell that started this run "
+                f"exited while {name} was stopped by a pause; rerun in the foreground or under setsid)")
     return f"{name} ended with status {returncode}"
 
 

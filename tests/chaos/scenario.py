@@ -305,6 +305,8 @@ def consumer_end_problem(name: str, returncode: int | None) -> str | None:
     nothing was. Run long seeds in the foreground or under ``setsid``."""
     if returncode in (0, -signal.SIGKILL):
         return None
+    if returncode is None:  # SIGTERM at the end did not stop it within its wait (reported there too)
+        return f"{name} had not ended when the run was judged"
     if returncode == -signal.SIGHUP:
         return (f"{name} ended with status {returncode} (SIGHUP: most likely the shell that started this run "
                 f"exited while {name} was stopped by a pause; rerun in the foreground or under setsid)")

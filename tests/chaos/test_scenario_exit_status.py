@@ -17,6 +17,10 @@ def test_any_other_end_is_a_finding() -> None:
     assert consumer_end_problem("c2.1", -signal.SIGSEGV) == f"c2.1 ended with status {-signal.SIGSEGV}"
 
 
+def test_a_consumer_still_running_is_said_so_not_given_a_status() -> None:
+    assert consumer_end_problem("c3.1", None) == "c3.1 had not ended when the run was judged"
+
+
 def test_a_hang_up_is_named_as_the_launching_shell_s_doing() -> None:
     # Seed 42 on 2026-12-07: a run in the background of a shell that exited while c1.0 was stopped ended
     # "c1.0 ended with status -1"; the message now says where the SIGHUP came from and how to avoid it.

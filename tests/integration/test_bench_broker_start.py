@@ -109,7 +109,7 @@ def test_a_recorder_asked_for_wraps_the_broker_and_writes_on_stop(tmp_path: Path
     srv = peer_trimq.start_server(str(tmp_path / "broker"), _args())
     srv.stop()  # SIGTERM: the broker stops gracefully and the wrapper writes what it counted
     (saved,) = steps.glob("broker-*.json")
-    assert any("serve" in task for task in json.loads(saved.read_text()))
+    assert any("serve" in task for task in json.loads(saved.read_text())["tasks"])
 
 
 def test_the_gc_recorder_wraps_the_broker_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

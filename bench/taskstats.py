@@ -21,8 +21,8 @@ import trio
 class StepCounter(trio.abc.Instrument):
     """Steps and thread CPU seconds per task name (a task runs in the thread of its ``trio.run``), and how many of
     them ran right after the process had been idle: the first batch of steps after an I/O wait that blocked for at
-    least ``idle_s`` (the run loop had nothing to run). On a VM those steps pay for caches another tenant filled
-    meanwhile (bench/RESULTS.md, *The cost of waking up*)."""
+    least ``idle_s`` (the run loop had nothing to run). On the benchmark's VM the same work costs more CPU there
+    than back to back (bench/RESULTS.md, *The cost of waking up*)."""
 
     def __init__(self, idle_s: float = 0.001) -> None:
         self.idle_s = idle_s
@@ -114,9 +114,9 @@ def summary(d: str, top: int = 6) -> str:
             after = ""
             idle_n = r.get("steps_after_idle", 0)
             if idle_n:
-                idle_s = r["cpu_after_idle_s"]
-                after = (f"  (after idle: {idle_n:.0f} {_per_step(idle_s, idle_n)}, "
-                         f"else {_per_step(r['cpu_s'] - idle_s, r['steps'] - idle_n)})")
+                idle_cpu_s = r["cpu_after_idle_s"]
+                after = (f"  (after idle: {idle_n:.0f} {_per_step(idle_cpu_s, idle_n)}, "
+                         f"else {_per_step(r['cpu_s'] - idle_cpu_s, r['steps'] - idle_n)})")
             lines.append(f"  {r['steps']:8.0f} steps {r['cpu_s']:8.3f} s {per_step:8.1f} us/step  {task}{after}")
     return "\n".join(lines)
 

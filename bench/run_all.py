@@ -314,6 +314,27 @@ def curve_points_of(row: Callable[[str], dict[str, Any] | None], rates: list[int
     return out
 
 
+def paced_cpu_text(points: list[dict[str, Any]]) -> str | None:
+    """Each system's CPU per message at each paced rate against its own flat-out figure of the same run: what
+    being woken once or twice per window costs it (bench/RESULTS.md, *The cost of waking up*); None without a
+    flat-out row or a paced one."""
+    flat = next((p for p in points if not p["rate"]), None)
+    paced = [p for p in points if p["rate"]]
+    if flat is None or not paced:
+        return None
+    parts = []
+    for peer in ("redis", "trimq"):
+        base = ((flat.get(peer) or {}).get("cpu_us_per_msg") or {}).get("total")
+        got = [_ratio(((p.get(peer) or {}).get("cpu_us_per_msg") or {}).get("total"), base) for p in paced]
+        if base and any(g is not None for g in got):
+            parts.append(f"{LABEL[peer].split(' (')[0]} {' / '.join(fmt_ratio(g) for g in got)}")
+    if not parts:
+        return None
+    rates = " / ".join(rate_label(p["rate"]).removesuffix(" msg/s") for p in paced)
+    return (f"CPU per message at {rates} msg/s against the same system flat out: {'; '.join(parts)} (paced, every "
+            "process sleeps between windows and pays for waking up: bench/RESULTS.md, *The cost of waking up*).")
+
+
 def _met(point: dict[str, Any], key: str) -> str:
     return "-" if key not in point else ("met" if point[key] else "**missed**")
 
@@ -365,6 +386,9 @@ def curve_report(results: Path, rates: list[int]) -> list[str]:
                      f"{'yes' if p['in_scope'] else 'no (above 0.9x Redis flat out)'} | {_met(p, 'p99_met')} | "
                      f"{_met(p, 'cpu_met')} |")
     lines.append("")
+    paced = paced_cpu_text(points)
+    if paced:
+        lines += [paced, ""]
     st = load(results, "trimq-live-stages.json")
     if st and st.get("stages_ms"):
         lines += [f"Where trimq's latency goes (live at {rate_label(st.get('rate') or 0)}, `--trimq-stages 1`, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.run_all import ratios_text, report, runs_order
+from bench.run_all import curve_points, paced_cpu_text, ratios_text, report, runs_order
 
 
 def _row(peer: str, mode: str, rate: float, p99: float, total: float) -> dict[str, object]:
@@ -75,6 +75,9 @@ def test_latency_curve_ratios_and_targets(tmp_path: Path) -> None:
     assert "| 40,000 msg/s | 1.38 | 0.50 | 0.80 | 0.80 | 0.80 | no (above 0.9x Redis flat out) | - | - |" in text
     assert "| flat out | 1.60 (met vs 1.5) |" in text
     assert "| stored->pulled | 1.50 | 2.00 | 3.00 | 4.00 | 1.60 |" in text
+    # each system's paced CPU against its own flat-out CPU of the same run
+    assert ("CPU per message at 10,000 / 20,000 / 40,000 msg/s against the same system flat out: "
+            "Redis Streams 1.25 / 1.25 / 1.25; trimq 0.95 / 1.18 / 1.05 (paced,") in text
     lines = ratios_text(tmp_path, rates).splitlines()
     assert "trimq/redis live at 20,000 msg/s: p50 1.50, p99 2.00, p999 2.00, CPU/msg 0.90" in lines
     assert lines[-1].endswith("(above 0.9x Redis flat out: outside the targets)")
@@ -83,3 +86,13 @@ def test_latency_curve_ratios_and_targets(tmp_path: Path) -> None:
 def test_the_runs_order_the_header_states() -> None:
     assert runs_order(["redis", "trimq"]) == "alternating, one of each per round (Redis, trimq, Redis, ...)"
     assert runs_order(["trimq"]) == "trimq's alone (redis-server was not available)"  # no Redis: nothing alternates
+
+
+def test_no_paced_against_flat_out_line_without_both(tmp_path: Path) -> None:
+    (tmp_path / "trimq-live-rate10000.json").write_text(json.dumps(_curve_row("trimq", 1.0, 4.0, 36.0, 10_000, 0.0)))
+    assert paced_cpu_text(curve_points(tmp_path, [10_000, 0])) is None  # no flat-out row to compare with
+    (tmp_path / "trimq-live.json").write_text(json.dumps(_curve_row("trimq", 1.0, 4.0, 30.0, 40_000, None)))
+    assert paced_cpu_text(curve_points(tmp_path, [0])) is None  # no paced row
+    text = paced_cpu_text(curve_points(tmp_path, [10_000, 0]))
+    assert text is not None and "at 10,000 msg/s against the same system flat out: trimq 1.20 (" in text
+    assert "Redis" not in text  # a system without rows is left out

@@ -1,0 +1,129 @@
+"""How often each process of a paced run blocks and wakes again, Redis's and trimq's (bench/RESULTS.md, *The
+cost of waking up*).
+
+    python -m bench.wakes [--rate 10000] [--rounds 2] [--messages 100000]
+
+Runs ``bench.peer_bench run --runs 1`` for Redis and trimq alternately and, while each runs, polls ``/proc``
+every 10 ms for the run's server and role processes: the voluntary context switches of every thread (a thread
+switches voluntarily when it blocks: in its event loop's wait, on a lock, in a sleep), kept at the highest value
+seen per thread so a thread that ends before the process still counts. Divided by the run's windows (messages /
+the harness's batch of 100), that is how many times per window each process went to sleep and was woken, which
+on this machine is what a paced window costs beyond its work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: Command lines of a run's processes: the servers and the harness's role processes (not the orchestrator).
+PROCESS_PATTERN = re.compile(r"redis-server|trimq-broker|instrumented_broker|bench\.peer_bench role")
+_ROLE = re.compile(r"--role (produce|consume)\b")
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def role_of(cmdline: str) -> str | None:
+    """``server``, ``producer`` or ``consumers`` for a run's process, None for anything else."""
+    if not PROCESS_PATTERN.search(cmdline):
+        return None
+    m = _ROLE.search(cmdline)
+    if m is None:
+        return "server"
+    return "producer" if m.group(1) == "produce" else "consumers"
+
+
+class SwitchCounter:
+    """Voluntary context switches of every thread of the processes :func:`role_of` names, by role."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self.roles: dict[str, str] = {}  # pid -> role
+        self.switches: dict[tuple[str, str], int] = {}  # (pid, tid) -> the most seen
+
+    def poll(self) -> None:
+        """Read every matching process's threads once."""
+        for pid in os.listdir(self.proc):
+            if not pid.isdigit():
+                continue
+            try:
+                cmdline = Path(self.proc, pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                tids = os.listdir(os.path.join(self.proc, pid, "task"))
+            except OSError:
+                continue  # gone meanwhile
+            role = role_of(cmdline)
+            if role is None:
+                continue
+            self.roles[pid] = role
+            for tid in tids:
+                got = _voluntary(os.path.join(self.proc, pid, "task", tid, "status"))
+                if got is not None and got > self.switches.get((pid, tid), -1):
+                    self.switches[(pid, tid)] = got
+
+    def by_role(self) -> dict[str, int]:
+        """Total voluntary switches per role."""
+        out: dict[str, int] = {}
+        for (pid, _), n in self.switches.items():
+            role = self.roles[pid]
+            out[role] = out.get(role, 0) + n
+        return out
+
+
+def _voluntary(status_path: str) -> int | None:
+    try:
+        with open(status_path) as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def run_one(peer: str, rate: int, messages: int, results: str) -> dict[str, int]:
+    """One ``peer_bench`` run of ``peer`` at ``rate``, polled until it ends; its switches per role."""
+    counter = SwitchCounter()
+    cmd = [sys.executable, "-m", "bench.peer_bench", "run", "--peer", peer, "--mode", "live", "--rate", str(rate),
+           "--runs", "1", "--messages", str(messages), "--results", results]
+    with subprocess.Popen(cmd, cwd=_REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as run:
+        while run.poll() is None:
+            counter.poll()
+            time.sleep(0.01)
+    if run.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {run.returncode}")
+    return counter.by_role()
+
+
+def report(rows: dict[str, list[dict[str, int]]], windows: int) -> str:
+    """A markdown table: per system, the median over rounds of each role's wakes per window."""
+    roles = ("server", "producer", "consumers")
+    lines = ["| system | " + " | ".join(f"{r} wakes / window" for r in roles) + " | total | rounds |",
+             "|---|" + "---:|" * (len(roles) + 2)]
+    for peer, runs in rows.items():
+        cells = [statistics.median(run.get(r, 0) for run in runs) / windows for r in roles]
+        lines.append(f"| {peer} | " + " | ".join(f"{c:.2f}" for c in cells) + f" | {sum(cells):.2f} | {len(runs)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=int, default=10_000, help="offered msg/s (the harness's --rate)")
+    p.add_argument("--rounds", type=int, default=2, help="runs of each system, alternating")
+    p.add_argument("--messages", type=int, default=100_000)
+    p.add_argument("--results", default="/tmp/trimq-wakes", help="where the runs' result files go")
+    args = p.parse_args(argv)
+    rows: dict[str, list[dict[str, int]]] = {"redis": [], "trimq": []}
+    for _ in range(args.rounds):
+        for peer in rows:
+            rows[peer].append(run_one(peer, args.rate, args.messages, os.path.join(args.results, peer)))
+    print(report(rows, args.messages // 100))  # the harness's windows are 100 messages
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

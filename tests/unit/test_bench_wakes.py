@@ -1,0 +1,47 @@
+"""bench.wakes counts the voluntary context switches of a run's processes by role, from /proc (a fake tree here:
+the benchmarks never run in tests)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from bench.wakes import SwitchCounter, report, role_of
+
+
+def _process(proc: Path, pid: int, cmdline: list[str], switches: dict[int, int]) -> None:
+    (proc / str(pid) / "task").mkdir(parents=True)
+    (proc / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in cmdline) + b"\0")
+    for tid, n in switches.items():
+        (proc / str(pid) / "task" / str(tid)).mkdir()
+        (proc / str(pid) / "task" / str(tid) / "status").write_text(
+            f"Name:\tpython\nvoluntary_ctxt_switches:\t{n}\nnonvoluntary_ctxt_switches:\t7\n")
+
+
+def test_roles_of_a_runs_processes() -> None:
+    assert role_of("redis-server 127.0.0.1:6379") == "server"
+    assert role_of("/venv/bin/python3 /venv/bin/trimq-broker --listen 127.0.0.1:0") == "server"
+    assert role_of("python -m bench.instrumented_broker taskstats broker --listen x") == "server"
+    assert role_of("python -m bench.peer_bench role --role produce --cid 0 --peer trimq") == "producer"
+    assert role_of("python -m bench.peer_bench role --role consume --cid 1 --peer redis") == "consumers"
+    assert role_of("python -m bench.peer_bench run --peer redis,trimq --rate 10000") is None  # the orchestrator
+    assert role_of("bash") is None
+
+
+def test_switches_are_summed_by_role_and_a_thread_that_ended_still_counts(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    _process(proc, 10, ["trimq-broker", "--listen", "x"], {10: 5, 11: 2})
+    _process(proc, 20, ["python", "-m", "bench.peer_bench", "role", "--role", "consume", "--cid", "0"], {20: 1, 21: 40})
+    _process(proc, 21, ["python", "-m", "bench.peer_bench", "role", "--role", "consume", "--cid", "1"], {21: 30})
+    _process(proc, 30, ["bash"], {30: 99})
+    (proc / "self").mkdir()
+    counter = SwitchCounter(str(proc))
+    counter.poll()
+    assert counter.by_role() == {"server": 7, "consumers": 71}
+    # consumer 0's trio thread ends before the process: its last count is kept
+    shutil.rmtree(proc / "20" / "task" / "21")
+    (proc / "20" / "task" / "20" / "status").write_text("voluntary_ctxt_switches:\t3\n")
+    counter.poll()
+    assert counter.by_role() == {"server": 7, "consumers": 73}
+    text = report({"trimq": [counter.by_role()]}, windows=10)
+    assert "| trimq | 0.70 | 0.00 | 7.30 | 8.00 | 1 |" in text

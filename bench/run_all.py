@@ -303,7 +303,7 @@ def curve_points_of(row: Callable[[str], dict[str, Any] | None], rates: list[int
                 "p50": _ratio(tm.get("p50_ms"), rm.get("p50_ms")),
                 "p99": _ratio(tm.get("p99_ms"), rm.get("p99_ms")),
                 "p999": _ratio(tm.get("p999_ms"), rm.get("p999_ms")),
-                "cpu": _ratio(t.get("cpu_us_per_msg", {}).get("total"), r.get("cpu_us_per_msg", {}).get("total")),
+                "cpu": _ratio(_cpu_total(t), _cpu_total(r)),
             }
         point["in_scope"] = bool(rate and redis_flat and rate <= 0.9 * redis_flat)
         if point["in_scope"] and "ratios" in point:
@@ -312,6 +312,11 @@ def curve_points_of(row: Callable[[str], dict[str, Any] | None], rates: list[int
             point["cpu_met"] = ra["cpu"] is not None and ra["cpu"] <= 0.8
         out.append(point)
     return out
+
+
+def _cpu_total(row: dict[str, Any] | None) -> Any:
+    """A result row's total CPU per message (µs), or None when the row or the figure is missing."""
+    return ((row or {}).get("cpu_us_per_msg") or {}).get("total")
 
 
 def paced_cpu_text(points: list[dict[str, Any]]) -> str | None:
@@ -324,8 +329,8 @@ def paced_cpu_text(points: list[dict[str, Any]]) -> str | None:
         return None
     parts = []
     for peer in ("redis", "trimq"):
-        base = ((flat.get(peer) or {}).get("cpu_us_per_msg") or {}).get("total")
-        got = [_ratio(((p.get(peer) or {}).get("cpu_us_per_msg") or {}).get("total"), base) for p in paced]
+        base = _cpu_total(flat.get(peer))
+        got = [_ratio(_cpu_total(p.get(peer)), base) for p in paced]
         if base and any(g is not None for g in got):
             parts.append(f"{LABEL[peer].split(' (')[0]} {' / '.join(fmt_ratio(g) for g in got)}")
     if not parts:

@@ -4,7 +4,9 @@ cost of waking up*).
     python -m bench.wakes [--rate 10000] [--rounds 2] [--messages 100000]
 
 Runs ``bench.peer_bench run --runs 1`` for Redis and trimq alternately and, while each runs, polls ``/proc``
-every 10 ms for the run's server and role processes: the voluntary context switches of every thread (a thread
+every 10 ms for the run's own server and role processes (the run's process tree, through each thread's
+``children`` file, so another Redis on the machine does not count and the poller reads a few processes, not all):
+the voluntary context switches of every thread (a thread
 switches voluntarily when it blocks: in its event loop's wait, on a lock, in a sleep), kept at the highest value
 seen per thread so a thread that ends before the process still counts. Divided by the run's windows (messages /
 the harness's batch of 100), that is how many times per window each process went to sleep and was woken, which
@@ -46,11 +48,29 @@ class SwitchCounter:
         self.roles: dict[str, str] = {}  # pid -> role
         self.switches: dict[tuple[str, str], int] = {}  # (pid, tid) -> the most seen
 
-    def poll(self) -> None:
-        """Read every matching process's threads once."""
-        for pid in os.listdir(self.proc):
-            if not pid.isdigit():
+    def descendants(self, root: int) -> list[str]:
+        """The pids below ``root`` (children of every thread, recursively); those gone meanwhile are skipped."""
+        found: list[str] = []
+        todo = [str(root)]
+        while todo:
+            pid = todo.pop()
+            try:
+                tids = os.listdir(os.path.join(self.proc, pid, "task"))
+            except OSError:
                 continue
+            for tid in tids:
+                try:
+                    children = Path(self.proc, pid, "task", tid, "children").read_text().split()
+                except OSError:
+                    continue
+                found += children
+                todo += children
+        return found
+
+    def poll(self, root: int) -> None:
+        """Read the threads of every process below ``root`` that :func:`role_of` names, once. A process is looked
+        at afresh on every poll: a child between its fork and its exec still has its parent's command line."""
+        for pid in self.descendants(root):
             try:
                 cmdline = Path(self.proc, pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 tids = os.listdir(os.path.join(self.proc, pid, "task"))
@@ -85,18 +105,23 @@ def _voluntary(status_path: str) -> int | None:
     return None
 
 
-def run_one(peer: str, rate: int, messages: int, results: str) -> dict[str, int]:
-    """One ``peer_bench`` run of ``peer`` at ``rate``, polled until it ends; its switches per role."""
+def count_switches(cmd: list[str], cwd: Path = _REPO) -> dict[str, int]:
+    """Run ``cmd`` and poll its process tree until it ends; the switches per role. Raises RuntimeError when it
+    exits with an error."""
     counter = SwitchCounter()
-    cmd = [sys.executable, "-m", "bench.peer_bench", "run", "--peer", peer, "--mode", "live", "--rate", str(rate),
-           "--runs", "1", "--messages", str(messages), "--results", results]
-    with subprocess.Popen(cmd, cwd=_REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as run:
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as run:
         while run.poll() is None:
-            counter.poll()
+            counter.poll(run.pid)
             time.sleep(0.01)
     if run.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited with {run.returncode}")
     return counter.by_role()
+
+
+def run_one(peer: str, rate: int, messages: int, results: str) -> dict[str, int]:
+    """One ``peer_bench`` run of ``peer`` at ``rate``; its switches per role."""
+    return count_switches([sys.executable, "-m", "bench.peer_bench", "run", "--peer", peer, "--mode", "live",
+                           "--rate", str(rate), "--runs", "1", "--messages", str(messages), "--results", results])
 
 
 def report(rows: dict[str, list[dict[str, int]]], windows: int) -> str:

@@ -1,7 +1,7 @@
 """How often each process of a paced run blocks and wakes again, Redis's and trimq's (bench/RESULTS.md, *The
 cost of waking up*).
 
-    python -m bench.wakes [--rate 10000] [--rounds 2] [--messages 100000]
+    python -m bench.wakes [--rate 10000] [--rounds 2] [--messages 100000] [--batch 100]
 
 Runs ``bench.peer_bench run --runs 1`` for Redis and trimq alternately and, while each runs, polls ``/proc``
 every 10 ms for the run's own server and role processes (the run's process tree, through each thread's
@@ -9,8 +9,8 @@ every 10 ms for the run's own server and role processes (the run's process tree,
 the voluntary context switches of every thread (a thread
 switches voluntarily when it blocks: in its event loop's wait, on a lock, in a sleep), kept at the highest value
 seen per thread so a thread that ends before the process still counts. Divided by the run's windows (messages /
-the harness's batch of 100), that is how many times per window each process went to sleep and was woken, which
-on this machine is what a paced window costs beyond its work.
+the harness's batch, 100 unless ``--batch`` says otherwise), that is how many times per window each process went
+to sleep and was woken, which on this machine is what a paced window costs beyond its work.
 """
 
 from __future__ import annotations
@@ -118,10 +118,18 @@ def count_switches(cmd: list[str], cwd: Path = _REPO) -> dict[str, int]:
     return counter.by_role()
 
 
-def run_one(peer: str, rate: int, messages: int, results: str) -> dict[str, int]:
-    """One ``peer_bench`` run of ``peer`` at ``rate``; its switches per role."""
+def run_one(peer: str, rate: int, messages: int, results: str, batch: int = 100) -> dict[str, int]:
+    """One ``peer_bench`` run of ``peer`` at ``rate`` in windows of ``batch`` messages; its switches per role."""
     return count_switches([sys.executable, "-m", "bench.peer_bench", "run", "--peer", peer, "--mode", "live",
-                           "--rate", str(rate), "--runs", "1", "--messages", str(messages), "--results", results])
+                           "--rate", str(rate), "--runs", "1", "--messages", str(messages), "--batch", str(batch),
+                           "--results", results])
+
+
+def windows_of(messages: int, batch: int) -> int:
+    """How many windows a run of ``messages`` sends in ``batch``-message windows (the last one may be short)."""
+    if messages <= 0 or batch <= 0:
+        raise ValueError(f"messages ({messages}) and batch ({batch}) must be positive")
+    return -(-messages // batch)
 
 
 def report(rows: dict[str, list[dict[str, int]]], windows: int) -> str:
@@ -140,13 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=10_000, help="offered msg/s (the harness's --rate)")
     p.add_argument("--rounds", type=int, default=2, help="runs of each system, alternating")
     p.add_argument("--messages", type=int, default=100_000)
+    p.add_argument("--batch", type=int, default=100, help="messages per window (the harness's --batch)")
     p.add_argument("--results", default="/tmp/trimq-wakes", help="where the runs' result files go")
     args = p.parse_args(argv)
+    try:
+        windows = windows_of(args.messages, args.batch)
+    except ValueError as exc:
+        p.error(str(exc))
     rows: dict[str, list[dict[str, int]]] = {"redis": [], "trimq": []}
     for _ in range(args.rounds):
         for peer in rows:
-            rows[peer].append(run_one(peer, args.rate, args.messages, os.path.join(args.results, peer)))
-    print(report(rows, args.messages // 100))  # the harness's windows are 100 messages
+            rows[peer].append(run_one(peer, args.rate, args.messages, os.path.join(args.results, peer), args.batch))
+    print(report(rows, windows))
     return 0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.wakes import SwitchCounter, count_switches, report, role_of
+from bench.wakes import SwitchCounter, count_switches, main, report, role_of, windows_of
 
 
 def _process(proc: Path, pid: int, cmdline: list[str], switches: dict[int, int],
@@ -66,3 +66,15 @@ def test_a_real_process_tree_is_followed_and_a_failed_run_raises(tmp_path: Path)
     assert set(got) == {"consumers"} and got["consumers"] >= 10  # it slept 100 times; the polls, every 10 ms, see most
     with pytest.raises(RuntimeError, match="exited with 3"):
         count_switches([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path)
+
+
+def test_windows_follow_the_harness_batch_and_bad_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert windows_of(100_000, 100) == 1000
+    assert windows_of(100_000, 64) == 1563  # the last window is short, and it still wakes everyone
+    for messages, batch in ((100_000, 0), (0, 100), (100, -1)):
+        with pytest.raises(ValueError, match="must be positive"):
+            windows_of(messages, batch)
+    with pytest.raises(SystemExit) as stop:
+        main(["--batch", "0"])  # refused before any run starts
+    assert stop.value.code == 2
+    assert "batch (0) must be positive" in capsys.readouterr().err

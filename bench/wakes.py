@@ -48,9 +48,10 @@ class SwitchCounter:
         self.roles: dict[str, str] = {}  # pid -> role
         self.switches: dict[tuple[str, str], int] = {}  # (pid, tid) -> the most seen
 
-    def descendants(self, root: int) -> list[str]:
-        """The pids below ``root`` (children of every thread, recursively); those gone meanwhile are skipped."""
-        found: list[str] = []
+    def descendants(self, root: int) -> dict[str, list[str]]:
+        """The pids below ``root`` (children of every thread, recursively), each with the thread ids read on the
+        way, so a poll lists each process's threads once; those gone meanwhile are skipped."""
+        found: dict[str, list[str]] = {}
         todo = [str(root)]
         while todo:
             pid = todo.pop()
@@ -58,22 +59,22 @@ class SwitchCounter:
                 tids = os.listdir(os.path.join(self.proc, pid, "task"))
             except OSError:
                 continue
+            if pid != str(root):
+                found[pid] = tids
             for tid in tids:
                 try:
                     children = Path(self.proc, pid, "task", tid, "children").read_text().split()
                 except OSError:
                     continue
-                found += children
                 todo += children
         return found
 
     def poll(self, root: int) -> None:
         """Read the threads of every process below ``root`` that :func:`role_of` names, once. A process is looked
         at afresh on every poll: a child between its fork and its exec still has its parent's command line."""
-        for pid in self.descendants(root):
+        for pid, tids in self.descendants(root).items():
             try:
                 cmdline = Path(self.proc, pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                tids = os.listdir(os.path.join(self.proc, pid, "task"))
             except OSError:
                 continue  # gone meanwhile
             role = role_of(cmdline)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trimq.protocol.codes import RequestCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.frame import encode_frame
 from trimq.protocol.record import RecordDecoder, encode_record
@@ -61,7 +62,7 @@ def python_work() -> Callable[[], int]:
         seen = {}
         for msg in decoder.decode_all(records, check_crc=False):
             seen[msg.queue_offset] = msg.properties.get("KEYS")
-        frame = encode_frame(RemotingCommand(11, 7, 0, 0, None, dict(_PULL_EXT), None), 16 << 20)
+        frame = encode_frame(RemotingCommand(RequestCode.PULL_MESSAGE, 7, 0, 0, None, dict(_PULL_EXT), None), 16 << 20)
         return len(frame) + len(seen)
 
     return work
@@ -129,8 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", type=int, default=0, help="the CPU to pin this process to (-1: no pinning)")
     p.add_argument("--json", help="also write the blocks' medians here")
     args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error(f"--reps {args.reps}: at least one round is needed for a median")
     if args.cpu >= 0:
-        os.sched_setaffinity(0, {args.cpu})
+        try:
+            os.sched_setaffinity(0, {args.cpu})
+        except OSError as exc:
+            p.error(f"--cpu {args.cpu}: cannot pin this process there ({exc.strerror}); "
+                    f"allowed: {sorted(os.sched_getaffinity(0))}")
     results = run(args.reps)
     print(report(results))
     if args.json:

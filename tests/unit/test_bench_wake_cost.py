@@ -4,6 +4,7 @@ machine; the benchmarks never run in tests, and nothing here asserts a timing)."
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,16 @@ def test_main_writes_the_blocks_as_json(tmp_path: Path, monkeypatch: pytest.Monk
     assert wake_cost.main(["--reps", "2", "--cpu", "-1", "--json", str(out)]) == 0
     saved = json.loads(out.read_text())
     assert saved["results"]["C"]["back to back"] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("argv, said", [(["--reps", "0"], "--reps 0: at least one round"),
+                                        (["--cpu", "4096"], "--cpu 4096: cannot pin this process there")])
+def test_bad_arguments_are_refused_before_anything_runs(argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(wake_cost, "run", lambda reps: pytest.fail("ran with bad arguments"))
+    before = os.sched_getaffinity(0)
+    with pytest.raises(SystemExit) as stop:
+        wake_cost.main(argv)
+    assert stop.value.code == 2
+    assert said in capsys.readouterr().err
+    assert os.sched_getaffinity(0) == before  # the test process is not pinned by a refused call

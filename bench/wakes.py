@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=100, help="messages per window (the harness's --batch)")
     p.add_argument("--results", default="/tmp/trimq-wakes", help="where the runs' result files go")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: at least one run of each system is needed for a median")
     try:
         windows = windows_of(args.messages, args.batch)
     except ValueError as exc:

@@ -78,3 +78,7 @@ def test_windows_follow_the_harness_batch_and_bad_values_are_refused(capsys: pyt
         main(["--batch", "0"])  # refused before any run starts
     assert stop.value.code == 2
     assert "batch (0) must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["--rounds", "0"])  # no run, so no median to report
+    assert stop.value.code == 2
+    assert "--rounds 0: at least one run" in capsys.readouterr().err

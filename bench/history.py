@@ -2,9 +2,10 @@
 
 ``python -m bench.history`` reads the ``summary.json`` of each folder under bench/results/ (the tables of the
 runs RESULTS.md quotes) and that of bench/results/ itself, or the folders given, and prints a Markdown table:
-per paced rate the p99 and CPU ratios (marked when the rate is above 0.9x Redis's flat-out rate of that run, so
-outside the targets), then flat-out throughput and CPU, and the backlog drain. The ratios are those of
-``bench.run_all``'s own report, computed the same way; comparing rows says how much the box moved them.
+the Python that ran it, then per paced rate the p99 and CPU ratios (marked when the rate is above 0.9x Redis's
+flat-out rate of that run, so outside the targets), then flat-out throughput and CPU, and the backlog drain. The
+ratios are those of ``bench.run_all``'s own report, computed the same way; comparing rows says how much the box
+moved them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def _summary(folder: Path) -> dict[str, Any] | None:
 
 
 def run_row(name: str, summary: dict[str, Any]) -> str:
-    """One Markdown row: the run's folder, date, load at the start, Redis's flat-out rate, then the ratios."""
+    """One Markdown row: the run's folder, date, load at the start, the Python that ran it, Redis's flat-out rate,
+    then the ratios."""
     meta = summary.get("meta") or {}
 
     def row(name: str) -> dict[str, Any] | None:
@@ -39,6 +41,9 @@ def run_row(name: str, summary: dict[str, Any]) -> str:
 
     points = curve_points_of(row, list(DEFAULT_RATES))
     cells = [name, str(meta.get("date", "-")).removesuffix(" UTC"), str(meta.get("load", "-")).split(",")[0]]
+    # "2 CPUs, Python 3.11.7 (/path/to/python3.11)": two builds of one version differ in CPU per message
+    machine = str(meta.get("machine", ""))
+    cells.append(machine.split("Python ", 1)[1] if "Python " in machine else "-")
     flat = (summary.get("redis-live") or {}).get("median", {}).get("produce_msgs_per_s")
     cells.append("-" if not flat else f"{flat / 1000:.1f}k")
     for p in points:
@@ -58,9 +63,9 @@ def history_table(folders: list[Path]) -> str:
     runs = [(f, s) for f in folders if (s := _summary(f)) is not None]
     runs.sort(key=lambda fs: str((fs[1].get("meta") or {}).get("date", "")))
     paced = [r for r in DEFAULT_RATES if r]
-    head = (["run", "date (UTC)", "load", "Redis flat out"] + [f"{r // 1000}k p99 / CPU" for r in paced]
+    head = (["run", "date (UTC)", "load", "Python", "Redis flat out"] + [f"{r // 1000}k p99 / CPU" for r in paced]
             + ["flat out msg/s / CPU", "drain msg/s / CPU"])
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---:|" * (len(paced) + 2)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---|---:|" + "---:|" * (len(paced) + 2)]
     for folder, summary in runs:
         lines.append(run_row(f"{folder.name}/", summary))
     return "\n".join(lines)

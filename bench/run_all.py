@@ -426,6 +426,16 @@ def rate_label(rate: float) -> str:
     return f"{int(rate):,} msg/s" if rate else "flat out"
 
 
+def machine_text() -> str:
+    """The machine line of REPORT.md's header: CPUs, the Python version and the interpreter's own file.
+
+    The file tells builds apart: the same CPython version costs both peers' Python processes 8-22% more CPU per
+    message built as pyenv builds it by default (a shared libpython, no PGO or LTO) than as Debian ships it
+    (bench/RESULTS.md, the levers table).
+    """
+    return f"{os.cpu_count()} CPUs, Python {platform.python_version()} ({os.path.realpath(sys.executable)})"
+
+
 def runs_order(peers: list[str]) -> str:
     """How the curve's and the backlog's runs were ordered, as REPORT.md's header says it (``meta["runs_order"]``)."""
     if len(peers) > 1:
@@ -505,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     meta: dict[str, Any] = {"argv": argv if argv is not None else sys.argv[1:],
                             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                            "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
+                            "machine": machine_text(),
                             "load": ", ".join(f"{x:.1f}" for x in os.getloadavg())}
     try:
         from importlib.metadata import version

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
+import sys
 from pathlib import Path
 
-from bench.run_all import curve_points, paced_cpu_text, ratios_text, report, runs_order
+from bench.run_all import curve_points, machine_text, paced_cpu_text, ratios_text, report, runs_order
 
 
 def _row(peer: str, mode: str, rate: float, p99: float, total: float) -> dict[str, object]:
@@ -96,3 +99,11 @@ def test_no_paced_against_flat_out_line_without_both(tmp_path: Path) -> None:
     text = paced_cpu_text(curve_points(tmp_path, [10_000, 0]))
     assert text is not None and "at 10,000 msg/s against the same system flat out: trimq 1.20 (" in text
     assert "Redis" not in text  # a system without rows is left out
+
+
+def test_machine_text_names_the_interpreter_file() -> None:
+    """Two builds of one CPython version cost different CPU, so the header names the interpreter's file."""
+    text = machine_text()
+    assert f"Python {platform.python_version()}" in text
+    path = text[text.rindex("(") + 1:-1]
+    assert Path(path).is_file() and path == os.path.realpath(sys.executable)

@@ -429,9 +429,9 @@ def rate_label(rate: float) -> str:
 def machine_text() -> str:
     """The machine line of REPORT.md's header: CPUs, the Python version and the interpreter's own file.
 
-    The file tells builds apart: both peers' Python processes spent 8-22% less CPU per message on Debian's build of
-    CPython 3.11 (PGO and LTO) than on pyenv's default one (a shared libpython, neither) (bench/RESULTS.md, the
-    levers table).
+    The file tells builds apart: each Python process of both peers spent 9-24% less CPU per message on Debian's
+    build of CPython 3.11 (PGO and LTO) than on pyenv's default one (a shared libpython, neither) (bench/RESULTS.md,
+    the levers table).
     """
     return f"{os.cpu_count()} CPUs, Python {platform.python_version()} ({os.path.realpath(sys.executable)})"
 

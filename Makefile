@@ -4,13 +4,24 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test demo lint bench chaos fuzz clean promtool browser
+.PHONY: install test demo lint bench chaos fuzz clean promtool browser venv-python
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml setup.py | $(BIN)/python
+# PY=... given to make (or in the environment) only builds a venv that does not exist yet: refuse a .venv made by
+# another interpreter rather than run on it silently (docs/OPERATIONS.md, *Which Python*).
+REAL_PYTHON := import os, sys; print(os.path.realpath(sys.executable))
+venv-python: | $(BIN)/python
+ifneq ($(origin PY),file)
+	@want=$$($(PY) -c '$(REAL_PYTHON)') && have=$$($(BIN)/python -c '$(REAL_PYTHON)') \
+	  && if [ "$$want" != "$$have" ]; then \
+	    echo "make: $(VENV) runs $$have, not PY=$(PY) ($$want); remove $(VENV) (make clean) to rebuild it with PY" >&2; \
+	    exit 2; fi
+endif
+
+$(STAMP): pyproject.toml setup.py | venv-python
 	$(BIN)/pip install -q -e '.[spark,test,lint,bench]'
 	touch $(STAMP)
 
@@ -54,7 +65,7 @@ browser:
 # The demo needs the package and its base dependencies only (no spark, test, lint or bench extras): a stamp of
 # its own, satisfied by the full install too when that one is up to date.
 DEMO_STAMP := $(VENV)/.installed-demo-stamp
-$(DEMO_STAMP): pyproject.toml setup.py | $(BIN)/python
+$(DEMO_STAMP): pyproject.toml setup.py | venv-python
 	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt setup.py ]; then :; \
 	else $(BIN)/pip install -q -e .; fi
 	touch $(DEMO_STAMP)

@@ -58,7 +58,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -299,17 +299,17 @@ def _stable_port() -> int:
 
 def consumer_end_problem(name: str, returncode: int | None) -> str | None:
     """What a consumer's exit status says is wrong, or None: 0 (SIGTERM at the end) and SIGKILL (a kill event) are
-    the harness's own; anything else is a finding. SIGHUP is named because it is most likely not trimq's doing: on
-    2026-12-07 a run put in the background of a shell that then exited lost the consumer that was stopped at that
-    moment (a pause) to a SIGHUP, delivered on its SIGCONT; running processes were not hit, and under ``setsid``
-    nothing was. Run long seeds in the foreground or under ``setsid``."""
+    the harness's own; anything else is a finding. SIGHUP is named because the harness never sends it: on 2026-12-07
+    a run in the background of a shell that then exited lost the consumer a pause had stopped to the SIGHUP the
+    kernel sends an orphaned process group holding a stopped process; cluster processes lead sessions of their own
+    since (``_Proc``), so one now comes from elsewhere."""
     if returncode in (0, -signal.SIGKILL):
         return None
     if returncode is None:  # SIGTERM at the end did not stop it within its wait (reported there too)
         return f"{name} had not ended when the run was judged"
     if returncode == -signal.SIGHUP:
-        return (f"{name} ended with status {returncode} (SIGHUP: most likely the shell that started this run "
-                f"exited while {name} was stopped by a pause; rerun in the foreground or under setsid)")
+        return (f"{name} ended with status {returncode} (SIGHUP: not sent by the harness, and {name} leads a "
+                f"session of its own, so no shell's exit reaches it: look for who sent it)")
     return f"{name} ended with status {returncode}"
 
 
@@ -329,7 +329,11 @@ class _Proc:
         self.name = name
         self.log = workdir / f"{name}.log"
         with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=workdir)
+            # A session of its own: were it in the launcher's job, a shell exiting while a pause has it stopped
+            # would orphan that job's group and the kernel would hang it up (SIGHUP, then SIGCONT: POSIX). The
+            # harness ends every one of them itself (cleanup, also on ^C, SIGHUP or SIGTERM to the harness).
+            self.popen = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=workdir,
+                                          start_new_session=True)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -601,6 +605,24 @@ def _served_offsets(addr: str, broker: str) -> dict[tuple[str, str, int], int]:
     return out
 
 
+class HarnessStopped(Exception):
+    """The harness was hung up (its terminal closed) or told to stop: the run stops, and its cluster is ended."""
+
+
+def _stop_signals_end_the_run() -> Callable[[], object]:
+    """Until the returned function is called, a SIGHUP or SIGTERM to the harness raises :class:`HarnessStopped`, so
+    that the run's ``finally`` ends the cluster: its processes lead sessions of their own (``_Proc``), and a harness
+    dying of the signal would leave them running. Only the main thread can set handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stopped(signum: int, frame: Any) -> None:
+        raise HarnessStopped(f"{signal.Signals(signum).name}: the harness was told to stop, or its terminal closed")
+
+    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+
+
 def _count_lines(path: Path) -> int:
     if not path.exists():
         return 0
@@ -630,6 +652,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
     producer_status: int | None = None
     summary: dict[str, Any] = {}
     prod_rec = wd / "producer.jsonl"
+    restore_signals = _stop_signals_end_the_run()
     try:
         cluster.start_namesrv()
         for b in BROKERS:
@@ -814,6 +837,7 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
         try:
             cluster.cleanup()
         finally:
+            restore_signals()
             if sampler is not None:
                 sampler.stop()
         _dump(wd, events, stops, pauses, crashes, sampler, async_failovers)

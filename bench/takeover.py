@@ -300,7 +300,22 @@ def spawn(args: argparse.Namespace, role: str, outdir: str, cid: int = 0, relay:
     if relay:
         cmd += ["--relay", relay]
     log = open(os.path.join(outdir, f"{role}{cid}.log"), "wb")  # noqa: SIM115
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO))
+    # A session of its own: the sigstop scenario stops a consumer for 10 s, and were it in the job of a shell that
+    # exits meanwhile (`make bench &`), the kernel would hang it up on its SIGCONT (an orphaned group holding a stopped
+    # process, POSIX; chaos seed 42 lost a consumer so). run_scenario ends them all itself.
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO),
+                            start_new_session=True)
+
+
+def _stop_signals_raise() -> None:
+    """Make a SIGHUP or SIGTERM to this harness raise SystemExit, so that run_scenario's ``finally`` ends the
+    processes it spawned (they lead sessions of their own: no terminal or ``kill`` of the job reaches them)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(f"bench.takeover: {signal.Signals(signum).name}; its broker and clients are stopped")
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, stop)
 
 
 def read_records(path: str) -> list[tuple[int, int, int, int, int]]:
@@ -660,6 +675,7 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
     srv = peer_trimq.start_server(os.path.join(workdir, "server"), args)
     res: dict[str, Any] = {"scenario": "cost", "clients": args.clients, "queues_per_client": 8,
                            "connections": args.connections, "lease_ms": args.lease_ms}
+    load: subprocess.Popen[bytes] | None = None
     try:
         time.sleep(1.0)
         c0, w0 = _cpu_s(srv.pid), time.monotonic()
@@ -680,6 +696,9 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
             res["broker_cpu_us_per_renewal"] = round(
                 (res["broker_cpu_s_per_s"] - res["idle_broker_cpu_s_per_s"]) / res["renewals_per_s"] * 1e6, 1)
     finally:
+        if load is not None and load.poll() is None:
+            load.kill()
+            load.wait(5)
         srv.stop()
     return res
 
@@ -745,6 +764,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.role == "renewload":
         role_renew_load(args)
         return None
+    _stop_signals_raise()
     t = time.monotonic()
     res = run_cost(args) if args.scenario == "cost" else run_scenario(args)
     res["wall_s"] = round(time.monotonic() - t, 1)

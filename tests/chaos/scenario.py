@@ -299,10 +299,10 @@ def _stable_port() -> int:
 
 def consumer_end_problem(name: str, returncode: int | None) -> str | None:
     """What a consumer's exit status says is wrong, or None: 0 (SIGTERM at the end) and SIGKILL (a kill event) are
-    the harness's own; anything else is a finding. SIGHUP is named because the harness never sends it: on 2026-12-07
-    a run in the background of a shell that then exited lost the consumer a pause had stopped to the SIGHUP the
-    kernel sends an orphaned process group holding a stopped process; cluster processes lead sessions of their own
-    since (``_Proc``), so one now comes from elsewhere."""
+    the harness's own; anything else is a finding. SIGHUP is named because the harness never sends it. On 2026-12-07
+    the shell that ran a chaos run in its background exited while a pause had a consumer stopped, and the kernel's
+    SIGHUP to an orphaned process group holding a stopped process killed that consumer. Cluster processes have led
+    sessions of their own since (``_Proc``), so a SIGHUP now comes from elsewhere."""
     if returncode in (0, -signal.SIGKILL):
         return None
     if returncode is None:  # SIGTERM at the end did not stop it within its wait (reported there too)

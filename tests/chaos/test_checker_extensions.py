@@ -425,3 +425,20 @@ def test_a_listener_call_spanning_a_broker_crash_explains_the_successors_replay(
     # without the crash, the same records are a start after the lease
     r = run(tmp_path, 12, a1 + a2 + a3, b1 + b2, pauses=[Pause("A", 100, 300)], lease_ms=50)
     assert r.started_after_lease >= 1 and not r.ok
+
+
+def test_another_paused_consumers_late_completion_is_no_takeover(tmp_path: Path) -> None:
+    # Long ASYNC seed 215: K (key scope) began a call for 6 at 25 and was paused 26-150; A took the queue back and
+    # consumed 6..9; K's call returned at 151, during A's own pause (100-300). Nobody else took the queue from A, and A
+    # went on from 10 after SIGCONT in a call begun then. K's late completion, begun before A's pause, is no sign
+    # that someone took A's queue over, so A's 10 is no late completion: it was left out of the walk, and key k0 read
+    # "consumed 12 before acknowledged offset(s) from 10".
+    k_late = [{**r, "start_time": 25} for r in keyed([6], "K", 151)]
+    a_after = [{**r, "start_time": 310} for r in keyed(list(range(10, 16)), "A", 310)]
+    r = run(tmp_path, 16, keyed([0, 1, 2, 3], "A", 10) + keyed([6, 7, 8, 9], "A", 60) + a_after,
+            keyed([4, 5], "K", 20) + k_late, pauses=[Pause("K", 26, 150), Pause("A", 100, 300)],
+            key_scope_clients=["K"], lease_ms=20)
+    assert r.ok, r.text()
+    assert r.late_completions == 1 and r.started_after_lease == 0, r.text()  # K's own, begun before its pause
+    # and no takeover of A's queue is measured from K's record: nobody took it over
+    assert [(t.client_id, t.new_owner, t.ms) for t in r.takeovers if t.client_id == "A"] == [("A", None, None)]

@@ -28,7 +28,8 @@ their ``consume_time``, ties kept in file order):
   the key's next acknowledged seq, or an allowed replay. Since a key lives in one queue, this follows
   from the queue rules; it is checked separately to name the **first offending key** on failure.
 * **Takeover time** of a Stop = for each queue the stopped consumer owned at the signal (it was the last
-  to consume there), the delay from the signal to the first record on that queue by another consumer.
+  to consume there), the delay from the signal to the first record on that queue by another consumer, of a
+  listener call begun after the signal (another paused consumer's late completion, below, is no takeover).
   (It includes waiting for a message to arrive, so measure while producing.) A queue with no acknowledged
   message beyond what was consumed before the stop, and no record after it, is **idle**: no takeover can be seen.
   A paused consumer that consumed the queue itself after SIGCONT, nobody else having done so, counts as the
@@ -61,7 +62,9 @@ Extras for the chaos suite (tests/chaos/; all optional, the rules above are unch
   duplicates the lock protocol cannot prevent; their offset commits must be fenced). Records that carry
   ``start_time`` (when their listener call began) are also judged exactly: every record of the paused consumer
   whose call began before SIGCONT and completed after it, once another consumer consumed the queue (or, in key
-  scope, the key) after the SIGSTOP, is a late completion, however many keys were in flight. (The rule before
+  scope, the key) after the SIGSTOP, is a late completion, however many keys were in flight. In both rules,
+  "another consumer consumed the queue after the SIGSTOP" means in a call it began after the SIGSTOP: another
+  paused consumer's own late completion, begun earlier, is no takeover (long ASYNC seed 215). (The rule before
   still applies to them: a SIGSTOP between the client's lease check and its listener call gives a call stamped
   after SIGCONT.) Anything more is judged normally (a resumed consumer re-consuming a queue it lost is a
   violation).
@@ -508,13 +511,20 @@ def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batc
     nxt = succ or (lambda o: o + 1)
     out: set[int] = set()
     for p in pauses:
+
+        def taken_over(t: int, p: Pause = p) -> bool:
+            """Another consumer consumed the queue between the SIGSTOP and ``t`` in a call it began after the SIGSTOP:
+            a call begun before it is no takeover (long ASYNC seed 215: a key-scope consumer's own late completion,
+            begun before its pause, returned during this one's, which then went on with the queue in a call begun
+            after SIGCONT; that call was taken for a late completion and left out, and the key's order broke)."""
+            return any(x["client_id"] != p.client_id and p.stop_ms < _start(x) and int(x["consume_time"]) <= t
+                       for x in recs)
+
         after = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) >= p.cont_ms]
         # a record that says when its listener call began is exact: one begun before SIGCONT was begun before the
         # SIGSTOP (the process did not run in between), however many keys were in flight
         for r in after:
-            t = int(r["consume_time"])
-            if _start(r) < p.cont_ms and any(x["client_id"] != p.client_id and p.stop_ms < int(x["consume_time"]) <= t
-                                             for x in recs):
+            if _start(r) < p.cont_ms and taken_over(int(r["consume_time"])):
                 out.add(id(r))
         before = [r for r in recs if r["client_id"] == p.client_id and int(r["consume_time"]) <= p.stop_ms]
         if not before:
@@ -522,10 +532,9 @@ def _late_completions(recs: list[dict[str, Any]], pauses: list[Pause], late_batc
         expected = nxt(int(before[-1]["queue_offset"]))
         for r in after[:late_batch]:
             t = int(r["consume_time"])
-            taken_over = any(x["client_id"] != p.client_id and p.stop_ms < int(x["consume_time"]) <= t for x in recs)
             # also for stamped records: the client checks its lease before it calls the listener, and a SIGSTOP
             # between the two makes a call whose stamp follows SIGCONT (chaos seed 14: start_time == cont_ms)
-            if t > p.cont_ms + window_ms or int(r["queue_offset"]) != expected or not taken_over:
+            if t > p.cont_ms + window_ms or int(r["queue_offset"]) != expected or not taken_over(t):
                 break
             out.add(id(r))
             expected = nxt(expected)
@@ -797,8 +806,9 @@ def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]]
             before = [r for r in recs if int(r["consume_time"]) <= s.time_ms]
             if not before or before[-1]["client_id"] != s.client_id:
                 continue
-            after = next((r for r in recs if int(r["consume_time"]) >= s.time_ms and r["client_id"] != s.client_id),
-                         None)
+            # a call begun before the stop is none (another paused consumer's late completion: long ASYNC seed 215)
+            after = next((r for r in recs if int(r["consume_time"]) >= s.time_ms and _start(r) >= s.time_ms
+                          and r["client_id"] != s.client_id), None)
             resumed = False
             # the queue's broker lost its lock table during the pause: killed then, or served again then (a promoted
             # slave, or a restart, after a kill just before the pause: an ASYNC kill_master)

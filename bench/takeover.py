@@ -55,6 +55,7 @@ import time
 from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
+from bench.stop_signals import raise_on_stop_signals
 
 common = load_harness()
 
@@ -302,20 +303,9 @@ def spawn(args: argparse.Namespace, role: str, outdir: str, cid: int = 0, relay:
     log = open(os.path.join(outdir, f"{role}{cid}.log"), "wb")  # noqa: SIM115
     # A session of its own: the sigstop scenario stops a consumer for 10 s, and were it in the job of a shell that
     # exits meanwhile (`make bench &`), the kernel would hang it up on its SIGCONT (an orphaned group holding a stopped
-    # process, POSIX; chaos seed 42 lost a consumer so). run_scenario ends them all itself.
+    # process, POSIX; chaos seed 42 lost a consumer so). run_scenario ends them all itself (bench.stop_signals).
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO),
                             start_new_session=True)
-
-
-def _stop_signals_raise() -> None:
-    """Make a SIGHUP or SIGTERM to this harness raise SystemExit, so that run_scenario's ``finally`` ends the
-    processes it spawned (they lead sessions of their own: no terminal or ``kill`` of the job reaches them)."""
-
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(f"bench.takeover: {signal.Signals(signum).name}; its broker and clients are stopped")
-
-    for sig in (signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, stop)
 
 
 def read_records(path: str) -> list[tuple[int, int, int, int, int]]:
@@ -764,9 +754,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.role == "renewload":
         role_renew_load(args)
         return None
-    _stop_signals_raise()
     t = time.monotonic()
-    res = run_cost(args) if args.scenario == "cost" else run_scenario(args)
+    with raise_on_stop_signals(SystemExit):  # so that the run's finally ends its broker and clients
+        res = run_cost(args) if args.scenario == "cost" else run_scenario(args)
     res["wall_s"] = round(time.monotonic() - t, 1)
     os.makedirs(args.results, exist_ok=True)
     common.write_json(os.path.join(args.results, f"takeover-{args.scenario}.json"), res)

@@ -58,11 +58,12 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench.stop_signals import raise_on_stop_signals
 from tests.e2e.checker import AsyncFailover, BrokerCrash, Pause, Report, Stop, async_tail, check, read_records
 
 __all__ = [
@@ -606,21 +607,8 @@ def _served_offsets(addr: str, broker: str) -> dict[tuple[str, str, int], int]:
 
 
 class HarnessStopped(Exception):
-    """The harness was hung up (its terminal closed) or told to stop: the run stops, and its cluster is ended."""
-
-
-def _stop_signals_end_the_run() -> Callable[[], object]:
-    """Until the returned function is called, a SIGHUP or SIGTERM to the harness raises :class:`HarnessStopped`, so
-    that the run's ``finally`` ends the cluster: its processes lead sessions of their own (``_Proc``), and a harness
-    dying of the signal would leave them running. Only the main thread can set handlers; elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def stopped(signum: int, frame: Any) -> None:
-        raise HarnessStopped(f"{signal.Signals(signum).name}: the harness was told to stop, or its terminal closed")
-
-    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGHUP, signal.SIGTERM)}
-    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+    """The harness was hung up (its terminal closed) or told to stop: the run stops, and its cluster is ended
+    (``run_scenario``)."""
 
 
 def _count_lines(path: Path) -> int:
@@ -632,7 +620,14 @@ def _count_lines(path: Path) -> int:
 
 def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | None = None,
                  log: Any = None) -> ChaosResult:
-    """Run one seeded chaos scenario (see the module documentation) and return its result."""
+    """Run one seeded chaos scenario (see the module documentation) and return its result. A SIGHUP or SIGTERM to
+    the harness meanwhile raises :class:`HarnessStopped` once the cluster is ended: its processes lead sessions of
+    their own (``_Proc``), so nothing else would end them."""
+    with raise_on_stop_signals(HarnessStopped):
+        return _run_scenario(seed, settings, workdir, log)
+
+
+def _run_scenario(seed: int, settings: ChaosSettings, workdir: Path | None, log: Any) -> ChaosResult:
     say = log or (lambda text: None)
     t_begin = time.monotonic()
     events = make_schedule(seed, settings)
@@ -652,7 +647,6 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
     producer_status: int | None = None
     summary: dict[str, Any] = {}
     prod_rec = wd / "producer.jsonl"
-    restore_signals = _stop_signals_end_the_run()
     try:
         cluster.start_namesrv()
         for b in BROKERS:
@@ -837,7 +831,6 @@ def run_scenario(seed: int, settings: ChaosSettings = SHORT, workdir: Path | Non
         try:
             cluster.cleanup()
         finally:
-            restore_signals()
             if sampler is not None:
                 sampler.stop()
         _dump(wd, events, stops, pauses, crashes, sampler, async_failovers)

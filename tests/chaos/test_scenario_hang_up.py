@@ -4,7 +4,7 @@ On 2026-12-07 long ASYNC seed 42, started in the background of a shell that exit
 c1.0 stopped (a pause), lost c1.0: the exit orphaned the job's process group, and the kernel sends SIGHUP and SIGCONT
 to an orphaned group that holds a stopped process (POSIX), which killed it. The harness now starts every cluster
 process in a session of its own, out of the launcher's job, so no shell's exit reaches it; and it ends them itself
-when it is hung up or told to stop.
+when it is hung up or told to stop (bench/stop_signals.py, tests/unit/test_bench_stop_signals.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
-
-import pytest
-
-from tests.chaos.scenario import HarnessStopped, _stop_signals_end_the_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,18 +70,3 @@ def test_a_paused_cluster_process_survives_the_exit_of_the_launching_shell(tmp_p
             except ProcessLookupError:
                 pass
 
-
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
-def test_a_hang_up_or_stop_of_the_harness_raises_so_that_its_cluster_is_ended(sig: signal.Signals) -> None:
-    # Its processes lead sessions of their own, so a terminal closing under the harness (or a kill of it) no longer
-    # ends them with it: run_scenario turns the signal into an exception, and its ``finally`` ends the cluster.
-    assert threading.current_thread() is threading.main_thread()  # where pytest (and its xdist workers) run tests
-    before = signal.getsignal(sig)
-    restore = _stop_signals_end_the_run()
-    try:
-        with pytest.raises(HarnessStopped, match=sig.name):
-            os.kill(os.getpid(), sig)
-            time.sleep(1)  # the handler runs at the next bytecode boundary of the main thread
-    finally:
-        restore()
-    assert signal.getsignal(sig) == before

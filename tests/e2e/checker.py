@@ -807,8 +807,7 @@ def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]]
             if not before or before[-1]["client_id"] != s.client_id:
                 continue
             # a call begun before the stop is none (another paused consumer's late completion: long ASYNC seed 215)
-            after = next((r for r in recs if int(r["consume_time"]) >= s.time_ms and _start(r) >= s.time_ms
-                          and r["client_id"] != s.client_id), None)
+            after = next((r for r in recs if _start(r) >= s.time_ms and r["client_id"] != s.client_id), None)
             resumed = False
             # the queue's broker lost its lock table during the pause: killed then, or served again then (a promoted
             # slave, or a restart, after a kill just before the pause: an ASYNC kill_master)

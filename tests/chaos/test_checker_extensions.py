@@ -307,6 +307,20 @@ def test_a_consumer_resuming_its_queue_after_a_broker_restart_in_its_pause_is_it
     assert [(t.ms, t.resumed) for t in r.takeovers] == [(None, False)]
 
 
+def test_a_consumer_resuming_its_queue_first_is_its_next_owner_though_another_gets_it_later(tmp_path: Path) -> None:
+    # Long ASYNC seed 215: A was paused at 100 while its queue's broker restarted (150-200); A came back at 300, was
+    # the first to lock the queue and went on from 4; B got the queue seconds later in a rebalance. The takeover of
+    # A's pause is A's own resumption (220 ms), not B's later record (reported as an 11.5 s takeover before).
+    parts = (consumed([0, 1, 2, 3], "A", 10), consumed([4, 5], "A", 320),
+             [{**r, "start_time": 5000} for r in consumed([6, 7], "B", 5000)])
+    r = run(tmp_path, 8, *parts, pauses=[Pause("A", 100, 300)], broker_crashes=[BrokerCrash("b", 150, 200, {Q: 4})])
+    assert r.ok, r.text()
+    assert [(t.new_owner, t.ms, t.resumed) for t in r.takeovers] == [("A", 220, True)], r.text()
+    # without the broker's restart A could not have been the first owner after its pause: B's record is the takeover
+    r = run(tmp_path, 8, *parts, pauses=[Pause("A", 100, 300)])
+    assert [(t.new_owner, t.ms, t.resumed) for t in r.takeovers] == [("B", 4900, False)], r.text()
+
+
 def test_an_async_failover_may_lose_the_tail_past_what_the_slave_had_and_nothing_else(tmp_path: Path) -> None:
     # b's ASYNC master stored m0..m5 at commit-log offsets 0, 100, ..., 500 and was killed at 50 after
     # acknowledging them all; its slave had 0..299 (kept = 300). m3..m5 went with the master; the promoted

@@ -32,9 +32,10 @@ their ``consume_time``, ties kept in file order):
   listener call begun after the signal (another paused consumer's late completion, below, is no takeover).
   (It includes waiting for a message to arrive, so measure while producing.) A queue with no acknowledged
   message beyond what was consumed before the stop, and no record after it, is **idle**: no takeover can be seen.
-  A paused consumer that consumed the queue itself after SIGCONT, nobody else having done so, counts as the
+  A paused consumer that consumed the queue itself after SIGCONT, before anybody else did, counts as the
   queue's next owner (**resumed**) only when the queue's broker was killed during the pause (its restart grace
-  held the queue for the lease's length, so the resumed consumer could be the first to lock it afterwards).
+  held the queue for the lease's length, so the resumed consumer could be the first to lock it afterwards); one
+  that took the queue over later, in a rebalance, is then no takeover of the pause.
 * Every produced message must be consumed at least once (**missing** otherwise).
 * **Weaker answers** (a producer record's ``status``; none means SEND_OK): a SYNC_MASTER answers FLUSH_SLAVE_TIMEOUT
   or SLAVE_NOT_AVAILABLE (and any master FLUSH_DISK_TIMEOUT) for a message it stored without its promise, which
@@ -810,12 +811,16 @@ def _takeovers(stops: list[Stop], by_queue: Mapping[Queue, list[dict[str, Any]]]
             after = next((r for r in recs if _start(r) >= s.time_ms and r["client_id"] != s.client_id), None)
             resumed = False
             # the queue's broker lost its lock table during the pause: killed then, or served again then (a promoted
-            # slave, or a restart, after a kill just before the pause: an ASYNC kill_master)
-            if after is None and pause is not None and any(
+            # slave, or a restart, after a kill just before the pause: an ASYNC kill_master); the paused consumer may
+            # then be the first to lock it again, before anyone else does (who may get it seconds later, in a
+            # rebalance: long ASYNC seed 215, where that delay had been reported as an 11.5 s takeover)
+            if pause is not None and any(
                     c.broker == q[1] and (pause.stop_ms < c.time_ms < pause.cont_ms
                                           or pause.stop_ms < c.restart_ms < pause.cont_ms) for c in crashes):
-                after = next((r for r in recs if int(r["consume_time"]) >= pause.cont_ms), None)
-                resumed = after is not None
+                back = next((r for r in recs if int(r["consume_time"]) >= pause.cont_ms), None)
+                if back is not None and back["client_id"] == s.client_id and (
+                        after is None or int(back["consume_time"]) < int(after["consume_time"])):
+                    after, resumed = back, True
             # an idle queue shows no takeover (chaos seed 11: the producer's last seconds all went to the other
             # broker, whose queues the survivor locked but had nothing to consume from)
             idle = after is None and max(acked.get(q, [-1])) <= max(int(r["queue_offset"]) for r in before)

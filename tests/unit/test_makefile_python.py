@@ -20,8 +20,10 @@ def _interpreter(path: Path, real: str) -> Path:
 
 
 def _make(venv: Path, *assignments: str, py_in_env: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``make venv-python`` against ``venv``, with PY in the environment only when ``py_in_env`` is given."""
-    env = {k: v for k, v in os.environ.items() if k != "PY"}
+    """``make venv-python`` against ``venv``, with PY in the environment only when ``py_in_env`` is given.
+
+    Not the outer make's flags either: under ``make test PY=...`` they carry ``PY`` to every make below it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PY", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     if py_in_env is not None:
         env["PY"] = str(py_in_env)
     return subprocess.run(["make", "-s", "-C", str(ROOT), "venv-python", f"VENV={venv}", *assignments],

@@ -4,7 +4,10 @@ The chaos harness (tests/chaos/scenario.py) and ``bench.takeover`` SIGSTOP consu
 of a shell that exits is hung up by the kernel (an orphaned process group holding a stopped process gets SIGHUP
 and SIGCONT, POSIX: chaos seed 42 lost a consumer so), so both start their children with ``start_new_session``.
 Then no terminal hang-up or ``kill`` of the job reaches the children, and the harness, which would die of the
-signal, turns it into an exception instead, so that its ``finally`` ends them.
+signal, turns it into an exception instead, so that its ``finally`` ends them. It must know of each child for that:
+a child is started and taken into the harness's hands inside :func:`stop_signals_held`, or an exception raised in
+``subprocess.Popen`` after its fork would lose it (Popen neither returns nor ends the child), to run on alone in its
+session (seen in tests/chaos/test_scenario_stop.py, 4 runs in 15).
 """
 
 from __future__ import annotations
@@ -13,26 +16,64 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 #: What ends a harness from outside: its terminal closing, or a ``kill``.
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
+@dataclass
+class _Guard:
+    error: Callable[[str], BaseException]
+    held: int = 0
+    pending: str | None = None  # a stop signal that came while held
+
+
+_guards: list[_Guard] = []  # the main thread's raise_on_stop_signals blocks, innermost last
+
+
 @contextmanager
 def raise_on_stop_signals(error: Callable[[str], BaseException]) -> Iterator[None]:
-    """Within the block, a SIGHUP or SIGTERM to this process raises ``error(text)``, the text naming the signal;
-    the previous handlers come back after it. Only the main thread can set handlers; elsewhere nothing changes."""
+    """Within the block, a SIGHUP or SIGTERM to this process raises ``error(text)``, the text naming the signal
+    (at once, or where :func:`stop_signals_held` holds it, when that block ends); the previous handlers come back
+    after it. Only the main thread can set handlers; elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    guard = _Guard(error)
 
     def stop(signum: int, frame: Any) -> None:
-        raise error(f"{signal.Signals(signum).name}: the harness was told to stop, or its terminal closed")
+        text = f"{signal.Signals(signum).name}: the harness was told to stop, or its terminal closed"
+        if guard.held:
+            guard.pending = guard.pending or text
+            return
+        raise error(text)
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    _guards.append(guard)
     try:
         yield
     finally:
+        _guards.remove(guard)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Within the block a stop signal waits, and raises when the (outermost such) block ends, also when the block
+    itself raised. Start a child and record it where the harness's ``finally`` ends it, both inside one such block.
+    Outside :func:`raise_on_stop_signals`, or outside the main thread, it changes nothing."""
+    if not _guards or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    guard = _guards[-1]
+    guard.held += 1
+    try:
+        yield
+    finally:
+        guard.held -= 1
+        if not guard.held and guard.pending is not None:
+            text, guard.pending = guard.pending, None
+            raise guard.error(text)  # the stop outranks what the block raised (that becomes its __context__)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import json
 import os
 import selectors
@@ -52,10 +53,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from bench.harness import REPO, RESULTS, load_harness
-from bench.stop_signals import raise_on_stop_signals
+from bench.stop_signals import raise_on_stop_signals, stop_signals_held
 
 common = load_harness()
 
@@ -292,6 +294,9 @@ class Relay:
 
 # ---------------------------------------------------------------------------------------------- orchestration
 
+T = TypeVar("T")
+
+
 def spawn(args: argparse.Namespace, role: str, outdir: str, cid: int = 0, relay: str = "") -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "bench.takeover", "--role", role, "--cid", str(cid), "--outdir", outdir,
            "--trimq-port", str(args.trimq_port), "--rate", str(args.rate), "--messages", str(args.messages),
@@ -337,12 +342,22 @@ def _broker_cmd(workdir: str, args: argparse.Namespace) -> list[str]:
                                                                 os.path.join(workdir, "store"), args.trimq_flush)]
 
 
-def _restart_broker(workdir: str, args: argparse.Namespace) -> tuple[Any, int, int]:
-    """Start the broker again on its store; returns (server, spawn ns, listening ns) — the port is polled
-    every 5 ms, so ``listening`` is the moment it accepts connections to within that."""
+def _started(started: list[T], start: Callable[[], T]) -> T:
+    """``start()``, a child process (or a server running one) that leads a session of its own, recorded in
+    ``started`` for the ``finally`` that ends them before a stop signal can raise (bench.stop_signals)."""
+    with stop_signals_held():
+        child = start()
+        started.append(child)
+    return child
+
+
+def _restart_broker(workdir: str, args: argparse.Namespace, servers: list[Any]) -> tuple[Any, int, int]:
+    """Start the broker again on its store, recorded in ``servers``; returns (server, spawn ns, listening ns) —
+    the port is polled every 5 ms, so ``listening`` is the moment it accepts connections to within that."""
     t_spawn = time.time_ns()
-    srv = common.Server("trimq", _broker_cmd(workdir, args), env=peer_trimq.args_broker_env(args),
-                        log=os.path.join(workdir, "server.log"), cwd=str(REPO))
+    srv = _started(servers, lambda: common.Server("trimq", _broker_cmd(workdir, args),
+                                                  env=peer_trimq.args_broker_env(args),
+                                                  log=os.path.join(workdir, "server.log"), cwd=str(REPO)))
     end = time.monotonic() + 60
     while time.monotonic() < end:
         try:
@@ -376,24 +391,26 @@ def run_scenario(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(workdir, ignore_errors=True)
     outdir = os.path.join(workdir, "out")
     os.makedirs(outdir)
-    srv = peer_trimq.start_server(os.path.join(workdir, "server"), args)
+    servers: list[Any] = []  # the broker, and its restart: the finally stops the ones running
     procs: list[subprocess.Popen[bytes]] = []
     relay: Relay | None = None
     res: dict[str, Any] = {"scenario": args.scenario, "rate": args.rate, "lease_ms": args.lease_ms}
     try:
         import asyncio
 
+        # (a stop signal waits until the broker listens, at most launch_broker's 30 s)
+        srv = _started(servers, lambda: peer_trimq.start_server(os.path.join(workdir, "server"), args))
         asyncio.run(asyncio.wait_for(peer_trimq.setup(args), 60))
         if args.scenario == "partition":
             relay = Relay((peer_trimq.HOST, args.trimq_port))
-        consumers = [spawn(args, "consume", outdir, c, relay.address if relay and c == 1 else "") for c in range(2)]
-        procs += consumers
+        consumers = [_started(procs, functools.partial(spawn, args, "consume", outdir, c,
+                                                       relay.address if relay and c == 1 else ""))
+                     for c in range(2)]
         end = time.monotonic() + 60
         while time.monotonic() < end and not all(os.path.exists(os.path.join(outdir, f"c{c}.ready"))
                                                   for c in range(2)):
             time.sleep(0.05)
-        prod = spawn(args, "produce", outdir)
-        procs.append(prod)
+        prod = _started(procs, lambda: spawn(args, "produce", outdir))
         time.sleep(args.steady_s)
         victim, survivor = consumers[1], consumers[0]
         victim_queues = (read_assign(os.path.join(outdir, "c1.assign")) or [{"queues": []}])[-1]["queues"]
@@ -411,7 +428,7 @@ def run_scenario(args: argparse.Namespace) -> dict[str, Any]:
             os.kill(srv.pid, signal.SIGKILL)
             srv.proc.wait(10)
             time.sleep(args.broker_down_s)
-            srv, t_spawn, t_listen = _restart_broker(os.path.join(workdir, "server"), args)
+            srv, t_spawn, t_listen = _restart_broker(os.path.join(workdir, "server"), args, servers)
             res["broker_down_s"] = round((t_spawn - t0) / 1e9, 3)
             res["broker_recovery_s"] = round((t_listen - t_spawn) / 1e9, 3)
             res["t_listen_ns"] = t_listen
@@ -454,7 +471,9 @@ def run_scenario(args: argparse.Namespace) -> dict[str, Any]:
                 p.wait(5)
         if relay is not None:
             relay.close()
-        srv.stop()
+        for server in servers:
+            if server.proc.poll() is None:  # (the broker-restart scenario's first one was killed and reaped)
+                server.stop()
     res.update(analyse(outdir, res, args))
     return res
 
@@ -662,16 +681,17 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(workdir, ignore_errors=True)
     outdir = os.path.join(workdir, "out")
     os.makedirs(outdir)
-    srv = peer_trimq.start_server(os.path.join(workdir, "server"), args)
+    servers: list[Any] = []
     res: dict[str, Any] = {"scenario": "cost", "clients": args.clients, "queues_per_client": 8,
                            "connections": args.connections, "lease_ms": args.lease_ms}
-    load: subprocess.Popen[bytes] | None = None
+    loads: list[subprocess.Popen[bytes]] = []
     try:
+        srv = _started(servers, lambda: peer_trimq.start_server(os.path.join(workdir, "server"), args))
         time.sleep(1.0)
         c0, w0 = _cpu_s(srv.pid), time.monotonic()
         time.sleep(args.cost_s / 2)
         res["idle_broker_cpu_s_per_s"] = round((_cpu_s(srv.pid) - c0) / (time.monotonic() - w0), 4)
-        load = spawn(args, "renewload", outdir)
+        load = _started(loads, lambda: spawn(args, "renewload", outdir))
         time.sleep(args.warmup_s)
         c0, w0 = _cpu_s(srv.pid), time.monotonic()
         time.sleep(args.cost_s)
@@ -686,10 +706,12 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
             res["broker_cpu_us_per_renewal"] = round(
                 (res["broker_cpu_s_per_s"] - res["idle_broker_cpu_s_per_s"]) / res["renewals_per_s"] * 1e6, 1)
     finally:
-        if load is not None and load.poll() is None:
-            load.kill()
-            load.wait(5)
-        srv.stop()
+        for load in loads:
+            if load.poll() is None:
+                load.kill()
+                load.wait(5)
+        for server in servers:
+            server.stop()
     return res
 
 

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.stop_signals import raise_on_stop_signals
+from bench.stop_signals import raise_on_stop_signals, stop_signals_held
 from tests.e2e.checker import AsyncFailover, BrokerCrash, Pause, Report, Stop, async_tail, check, read_records
 
 __all__ = [
@@ -450,8 +450,9 @@ class _Cluster:
         self.ha_ports: dict[Path, int] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> _Proc:
-        p = _Proc(name, argv, env, self.workdir)
-        self.procs.append(p)
+        with stop_signals_held():  # a stop raising between the fork and the append would leave the child running
+            p = _Proc(name, argv, env, self.workdir)
+            self.procs.append(p)
         return p
 
     def start_namesrv(self) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ from typing import Any
 from bench.harness import REPO, RESULTS, load_harness
 from bench.own_redis import start_harness_redis
 from bench.peer_trimq import broker_env, start_broker_on_own_port
+from bench.stop_signals import raise_on_stop_signals, start_recorded
 
 common = load_harness()
 
@@ -386,20 +388,24 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
     os.makedirs(outdir)
     row: dict[str, Any] = {"row": name, "system": system, "scope": scope, "listener": listener,
                            "max_in_flight_keys": mifk, "mode": mode}
-    procs: list[subprocess.Popen[bytes]] = []
-    srv = None
+    procs: list[subprocess.Popen[bytes]] = []  # the consumers
+    producers: list[subprocess.Popen[bytes]] = []
+    servers: list[Any] = []  # (server, port) of a Redis row
     try:
         if system == "redis":
             wargs = workload_args(args, messages)
             # on --redis-port, or on a free port checked to be served by it (bench.own_redis)
             peer_redis = _redis_module(args)
-            srv, port = start_harness_redis(peer_redis, os.path.join(outdir, "redis"), wargs, args.redis_port)
+            _srv, port = start_recorded(servers, lambda: start_harness_redis(
+                peer_redis, os.path.join(outdir, "redis"), wargs, args.redis_port))
             asyncio.run(peer_redis.setup(wargs))
             common_flags = ["--messages", str(messages), "--listener", listener, "--redis-port", str(port)]
-            procs = [_spawn(args, "redis-consume", outdir, ["--cid", str(c), *common_flags]) for c in range(CONSUMERS)]
+            for c in range(CONSUMERS):
+                start_recorded(procs, functools.partial(_spawn, args, "redis-consume", outdir,
+                                                        ["--cid", str(c), *common_flags]))
             if not _wait_ready(outdir, procs):
                 raise RuntimeError("redis consumers did not start")
-            prod = _spawn(args, "redis-produce", outdir, common_flags)
+            prod = start_recorded(producers, lambda: _spawn(args, "redis-produce", outdir, common_flags))
         else:
             assert broker is not None
             topic, group = f"KeyScope_{name.replace('-', '_')}", f"ks_{name.replace('-', '_')}"
@@ -414,26 +420,26 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
             if mifk:
                 cflags += ["--max-in-flight-keys", str(mifk)]
             if mode == "backlog":  # everything stored first; the consumers start after the producer
-                prod = _spawn(args, "produce", outdir, flags)
+                prod = start_recorded(producers, lambda: _spawn(args, "produce", outdir, flags))
                 row["producer_rc"] = _stop(prod, args.deadline_s + 60)
-            procs = [_spawn(args, "consume", outdir, ["--cid", str(c), *cflags]) for c in range(CONSUMERS)]
+            for c in range(CONSUMERS):
+                start_recorded(procs, functools.partial(_spawn, args, "consume", outdir, ["--cid", str(c), *cflags]))
             if not _wait_ready(outdir, procs):
                 raise RuntimeError("trimq consumers did not become ready")
             if mode != "backlog":
-                prod = _spawn(args, "produce", outdir, flags)
+                prod = start_recorded(producers, lambda: _spawn(args, "produce", outdir, flags))
         if mode != "backlog":
-            procs.append(prod)
             row["producer_rc"] = _stop(prod, args.deadline_s + 60)
         row["consumer_rc"] = [_stop(p, args.deadline_s + 60) for p in procs[:CONSUMERS]]
     except Exception as exc:
         row["error"] = repr(exc)
     finally:
-        for p in procs:
+        for p in procs + producers:
             if p.poll() is None:
                 p.kill()
                 p.wait(5)
-        if srv is not None:
-            srv.stop()
+        for server, _port in servers:
+            server.stop()
     row.update(collect(outdir, messages))
     try:
         with open(os.path.join(outdir, "producer.json")) as f:
@@ -531,22 +537,25 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if ROWS[n][0] != "redis"]
     os.makedirs(args.workroot, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    srv, broker = (None, None)
-    if any(ROWS[n][0] == "trimq" for n in names):
-        bdir = os.path.join(args.workroot, "broker")
-        shutil.rmtree(bdir, ignore_errors=True)
-        os.makedirs(bdir)
-        srv, broker = start_broker(bdir)
-    try:
-        for name in names:
-            t = time.monotonic()
-            row = run_row(args, name, args.workroot, broker)
-            row["wall_s"] = round(time.monotonic() - t, 1)
-            rows.append(row)
-            log(json.dumps({k: v for k, v in row.items() if k not in ("errors",)} | {"errors": row.get("errors")}))
-    finally:
-        if srv is not None:
-            srv.stop()
+    servers: list[tuple[Any, str]] = []
+    broker = None
+    # a SIGTERM or hang-up ends the broker and the row's processes too (they lead no session of their own)
+    with raise_on_stop_signals(SystemExit):
+        try:
+            if any(ROWS[n][0] == "trimq" for n in names):
+                bdir = os.path.join(args.workroot, "broker")
+                shutil.rmtree(bdir, ignore_errors=True)
+                os.makedirs(bdir)
+                _srv, broker = start_recorded(servers, lambda: start_broker(bdir))
+            for name in names:
+                t = time.monotonic()
+                row = run_row(args, name, args.workroot, broker)
+                row["wall_s"] = round(time.monotonic() - t, 1)
+                rows.append(row)
+                log(json.dumps({k: v for k, v in row.items() if k not in ("errors",)} | {"errors": row.get("errors")}))
+        finally:
+            for server, _addr in servers:
+                server.stop()
     base = next((r.get("consume_msgs_per_s") for r in rows if r["row"] == "queue-sleep10"), None)
     for r in rows:
         v = r.get("consume_msgs_per_s")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import json
 import os
@@ -35,6 +36,7 @@ from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
 from bench.own_redis import start_harness_redis
+from bench.stop_signals import raise_on_stop_signals, start_recorded
 
 common = load_harness()
 
@@ -183,18 +185,18 @@ def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
     os.makedirs(workdir)
     outdir = os.path.join(workdir, "out")
     os.makedirs(outdir)
-    srv = start_server(args, mod, os.path.join(workdir, "server"))
+    servers: list[Any] = []
     res: dict[str, Any] = dict(run=i)
     procs: list[subprocess.Popen[bytes]] = []
     try:
+        srv = start_recorded(servers, lambda: start_server(args, mod, os.path.join(workdir, "server")))
         asyncio.run(asyncio.wait_for(mod.setup(args), 60))
         srv.start_sampling()
         consumers: list[subprocess.Popen[bytes]] = []
 
         def start_consumers() -> bool:
             for c in range(args.consumers):
-                consumers.append(spawn(args, "consume", outdir, c))
-            procs.extend(consumers)
+                consumers.append(start_recorded(procs, functools.partial(spawn, args, "consume", outdir, c)))
             end = time.monotonic() + 60
             while time.monotonic() < end:
                 if all(os.path.exists(os.path.join(outdir, f"c{c}.ready")) for c in range(args.consumers)):
@@ -206,8 +208,7 @@ def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
 
         if args.mode == "live":
             res["consumers_ready"] = start_consumers()
-        prod = spawn(args, "produce", outdir)
-        procs.append(prod)
+        prod = start_recorded(procs, lambda: spawn(args, "produce", outdir))
         res["producer_rc"] = wait_proc(prod, args.deadline_s + 60)
         if args.mode == "backlog":
             res["consumers_ready"] = start_consumers()
@@ -218,7 +219,8 @@ def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
             if p.poll() is None:
                 p.kill()
                 p.wait(5)
-        srv.stop()
+        for server in servers:
+            server.stop()
     try:
         with open(os.path.join(outdir, "producer.json")) as f:
             pr = json.load(f)
@@ -372,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "role":
         role_main(args)
     else:
-        run_main(args)
+        with raise_on_stop_signals(SystemExit):  # a SIGTERM or hang-up ends the run's server and roles too
+            run_main(args)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO, RESULTS, HarnessMissingError, load_harness
+from bench.stop_signals import raise_on_stop_signals, start_recorded
 
 STEP_TIMEOUT_S = 1500
 
@@ -84,13 +85,35 @@ def ensure_redis() -> str | None:
     return shutil.which("redis-server")
 
 
+#: How long a step told to stop (SIGTERM) may take to end what it started before it is killed.
+STEP_STOP_GRACE_S = 60.0
+
+
+def end_step(proc: subprocess.Popen[bytes], grace_s: float = STEP_STOP_GRACE_S) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``: a step ends its brokers and clients on SIGTERM (bench.stop_signals;
+    some of them lead sessions of their own), where a SIGKILL would leave them running."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def run_step(name: str, cmd: list[str], timeout: float = STEP_TIMEOUT_S) -> int:
     log(f"{name}: {' '.join(cmd)}")
+    started: list[subprocess.Popen[bytes]] = []
     try:
-        return subprocess.run(cmd, cwd=str(REPO), timeout=timeout, check=False).returncode
+        return start_recorded(started, lambda: subprocess.Popen(cmd, cwd=str(REPO))).wait(timeout)
     except subprocess.TimeoutExpired:
         log(f"{name}: timed out after {timeout:.0f} s")
+        end_step(started[0])
         return -1
+    except BaseException:  # ^C, or this run told to stop (SIGTERM, hang-up): the step ends what it started first
+        for proc in started:
+            end_step(proc)
+        raise
 
 
 def py(*args: str) -> list[str]:
@@ -491,6 +514,13 @@ TAKEOVER_SCENARIOS = ("graceful", "sigkill", "sigstop", "partition", "broker-res
 # ---------------------------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
+    """``make bench``. A SIGTERM or hang-up stops it as a ^C does: the running step is told to stop (``run_step``)
+    and ends the brokers and clients it started."""
+    with raise_on_stop_signals(SystemExit):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5, help="runs per peer, mode and rate (medians are quoted)")
     p.add_argument("--rates", default=",".join(str(r) for r in DEFAULT_RATES),

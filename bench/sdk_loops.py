@@ -40,6 +40,7 @@ from typing import Any
 from bench.harness import REPO, RESULTS
 from bench.peer_trimq import start_broker_on_own_port
 from bench.sampler import sampled_if_asked
+from bench.stop_signals import raise_on_stop_signals, start_recorded
 
 HOST = "127.0.0.1"
 QUEUES = 8
@@ -198,8 +199,10 @@ def one_run(args: argparse.Namespace, workdir: str, profile: str, loop: str, ind
     common = {"topic": topic, "outdir": outdir, "messages": messages}
     with open(os.path.join(outdir, "consumer.log"), "wb") as clog:
         cmd = _role_cmd(args, "consume", loop=loop, profile=profile, timeout=args.seconds * 4 + 20, **common)
-        consumer = subprocess.Popen(cmd, cwd=str(REPO), stdout=clog, stderr=subprocess.STDOUT)
+        consumers: list[subprocess.Popen[bytes]] = []
         try:
+            consumer = start_recorded(consumers, lambda: subprocess.Popen(cmd, cwd=str(REPO), stdout=clog,
+                                                                          stderr=subprocess.STDOUT))
             end = time.monotonic() + 60
             while not os.path.exists(os.path.join(outdir, "ready")) and time.monotonic() < end:
                 if consumer.poll() is not None:
@@ -211,9 +214,10 @@ def one_run(args: argparse.Namespace, workdir: str, profile: str, loop: str, ind
                 sys.stderr.write(producer.stderr.decode(errors="replace"))
             consumer.wait(timeout=args.seconds * 4 + 60)
         finally:
-            if consumer.poll() is None:
-                consumer.kill()  # our own child, by PID
-                consumer.wait()
+            for consumer in consumers:
+                if consumer.poll() is None:
+                    consumer.kill()  # our own child, by PID
+                    consumer.wait()
     try:
         with open(os.path.join(outdir, "consumer.json")) as f:
             rec: dict[str, Any] = json.load(f)
@@ -227,15 +231,16 @@ def one_run(args: argparse.Namespace, workdir: str, profile: str, loop: str, ind
 
 def orchestrate(args: argparse.Namespace) -> int:
     workdir = tempfile.mkdtemp(prefix="trimq-sdk-loops-")
-    try:
-        # the broker's own defaults (no bench transfer settings): the SDK as a user runs it
-        broker, port = start_broker_on_own_port(workdir, dict(os.environ))
-    except RuntimeError as exc:
-        print(f"sdk_loops: {exc}", file=sys.stderr)
-        return 1
-    args.namesrv = f"{HOST}:{port}"
+    brokers: list[tuple[Any, int]] = []
     runs: list[dict[str, Any]] = []
     try:
+        try:
+            # the broker's own defaults (no bench transfer settings): the SDK as a user runs it
+            _broker, port = start_recorded(brokers, lambda: start_broker_on_own_port(workdir, dict(os.environ)))
+        except RuntimeError as exc:
+            print(f"sdk_loops: {exc}", file=sys.stderr)
+            return 1
+        args.namesrv = f"{HOST}:{port}"
         index = 0
         for profile in args.profiles.split(","):
             for r in range(args.runs):
@@ -244,7 +249,8 @@ def orchestrate(args: argparse.Namespace) -> int:
                     runs.append(one_run(args, workdir, profile, loop, index))
                     index += 1
     finally:
-        broker.stop()
+        for broker, _port in brokers:
+            broker.stop()
     result: dict[str, Any] = {"rate": args.rate, "seconds": args.seconds, "runs_per_loop": args.runs,
                               "target_ratio": TARGET_RATIO, "profiles": {}, "runs": runs}
     for profile in args.profiles.split(","):
@@ -290,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "produce":
         role_produce(args)
         return 0
-    return orchestrate(args)
+    with raise_on_stop_signals(SystemExit):  # a SIGTERM or hang-up ends the broker and the consumer too
+        return orchestrate(args)
 
 
 if __name__ == "__main__":

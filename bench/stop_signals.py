@@ -1,13 +1,18 @@
 """A harness that starts child processes in sessions of their own ends them itself, also when it is stopped.
 
-The chaos harness (tests/chaos/scenario.py) and ``bench.takeover`` SIGSTOP consumers. A stopped process in the job
-of a shell that exits is hung up by the kernel (an orphaned process group holding a stopped process gets SIGHUP
-and SIGCONT, POSIX: chaos seed 42 lost a consumer so), so both start their children with ``start_new_session``.
-Then no terminal hang-up or ``kill`` of the job reaches the children, and the harness, which would die of the
-signal, turns it into an exception instead, so that its ``finally`` ends them. It must know of each child for that:
-a child is started and taken into the harness's hands inside :func:`stop_signals_held`, or an exception raised in
-``subprocess.Popen`` after its fork would lose it (Popen neither returns nor ends the child), to run on alone in its
-session (seen in tests/chaos/test_scenario_stop.py, 4 runs in 15).
+Children in sessions of their own: the chaos harness's cluster (tests/chaos/scenario.py) and ``bench.takeover``'s
+clients, which SIGSTOP consumers (a stopped process in the job of a shell that exits is hung up by the kernel: an
+orphaned process group holding a stopped process gets SIGHUP and SIGCONT, POSIX; chaos seed 42 lost a consumer so),
+and every broker or Redis server the shared bench harness starts (its ``Server``). No terminal hang-up or ``kill``
+of the job reaches them, so the harness, which would die of the signal, turns it into an exception
+(:func:`raise_on_stop_signals`) and its ``finally`` ends them: the chaos harness, ``bench.run_all`` (which tells
+its running step to stop) and the steps that start brokers (``bench.peer_bench``, ``takeover``, ``key_scope``,
+``sdk_loops``, ``storage_bench``).
+
+The ``finally`` must know of each child: start it and record it inside :func:`stop_signals_held`
+(:func:`start_recorded`), or an exception raised in ``subprocess.Popen`` after its fork would lose it (Popen
+neither returns nor ends the child), to run on alone in its session (tests/chaos/test_scenario_stop.py failed so
+in 4 runs of 15).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: What ends a harness from outside: its terminal closing, or a ``kill``.
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
@@ -77,3 +84,12 @@ def stop_signals_held() -> Iterator[None]:
         if not guard.held and guard.pending is not None:
             text, guard.pending = guard.pending, None
             raise guard.error(text)  # the stop outranks what the block raised (that becomes its __context__)
+
+
+def start_recorded(started: list[T], start: Callable[[], T]) -> T:
+    """``start()`` (a child process, or a server running one), appended to ``started``, the list a ``finally`` ends,
+    inside :func:`stop_signals_held`: a stop raises only once the child is on the list."""
+    with stop_signals_held():
+        child = start()
+        started.append(child)
+    return child

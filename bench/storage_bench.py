@@ -40,6 +40,7 @@ from typing import Any
 import trio
 
 from bench.own_redis import HOST, start_own_redis, stop_redis_process
+from bench.stop_signals import raise_on_stop_signals, stop_signals_held
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
@@ -103,14 +104,19 @@ class BrokerProc:
         else:
             cmd = [str(Path(sys.executable).parent / "trimq-broker"), *args]
         self.log = open(store.parent / f"{store.name}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
-        addr_file = store / "broker.addr"
-        deadline = time.monotonic() + 30
-        while not addr_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"broker did not start: {(store.parent / f'{store.name}.log').read_text()}")
-            time.sleep(0.05)
-        self.address = addr_file.read_text().strip()
+        with stop_signals_held():  # (a stop raising inside Popen would lose the child)
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        try:
+            addr_file = store / "broker.addr"
+            deadline = time.monotonic() + 30
+            while not addr_file.exists():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"broker did not start: {(store.parent / f'{store.name}.log').read_text()}")
+                time.sleep(0.05)
+            self.address = addr_file.read_text().strip()
+        except BaseException:  # not started, or this run told to stop meanwhile: nobody else would end it
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -407,6 +413,11 @@ def main() -> None:
     p.add_argument("--top", type=int, default=20, help="profile lines")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
+    with raise_on_stop_signals(SystemExit):  # a SIGTERM or hang-up stops the brokers as a ^C does
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="trimq-bench-"))
     try:
         rows = run_trimq(args, work)

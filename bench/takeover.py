@@ -53,11 +53,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
-from bench.stop_signals import raise_on_stop_signals, stop_signals_held
+from bench.stop_signals import raise_on_stop_signals, start_recorded
 
 common = load_harness()
 
@@ -294,9 +293,6 @@ class Relay:
 
 # ---------------------------------------------------------------------------------------------- orchestration
 
-T = TypeVar("T")
-
-
 def spawn(args: argparse.Namespace, role: str, outdir: str, cid: int = 0, relay: str = "") -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "bench.takeover", "--role", role, "--cid", str(cid), "--outdir", outdir,
            "--trimq-port", str(args.trimq_port), "--rate", str(args.rate), "--messages", str(args.messages),
@@ -342,22 +338,13 @@ def _broker_cmd(workdir: str, args: argparse.Namespace) -> list[str]:
                                                                 os.path.join(workdir, "store"), args.trimq_flush)]
 
 
-def _started(started: list[T], start: Callable[[], T]) -> T:
-    """``start()``, a child process (or a server running one) that leads a session of its own, recorded in
-    ``started`` for the ``finally`` that ends them before a stop signal can raise (bench.stop_signals)."""
-    with stop_signals_held():
-        child = start()
-        started.append(child)
-    return child
-
-
 def _restart_broker(workdir: str, args: argparse.Namespace, servers: list[Any]) -> tuple[Any, int, int]:
     """Start the broker again on its store, recorded in ``servers``; returns (server, spawn ns, listening ns) —
     the port is polled every 5 ms, so ``listening`` is the moment it accepts connections to within that."""
     t_spawn = time.time_ns()
-    srv = _started(servers, lambda: common.Server("trimq", _broker_cmd(workdir, args),
-                                                  env=peer_trimq.args_broker_env(args),
-                                                  log=os.path.join(workdir, "server.log"), cwd=str(REPO)))
+    srv = start_recorded(servers, lambda: common.Server("trimq", _broker_cmd(workdir, args),
+                                                        env=peer_trimq.args_broker_env(args),
+                                                        log=os.path.join(workdir, "server.log"), cwd=str(REPO)))
     end = time.monotonic() + 60
     while time.monotonic() < end:
         try:
@@ -399,18 +386,18 @@ def run_scenario(args: argparse.Namespace) -> dict[str, Any]:
         import asyncio
 
         # (a stop signal waits until the broker listens, at most launch_broker's 30 s)
-        srv = _started(servers, lambda: peer_trimq.start_server(os.path.join(workdir, "server"), args))
+        srv = start_recorded(servers, lambda: peer_trimq.start_server(os.path.join(workdir, "server"), args))
         asyncio.run(asyncio.wait_for(peer_trimq.setup(args), 60))
         if args.scenario == "partition":
             relay = Relay((peer_trimq.HOST, args.trimq_port))
-        consumers = [_started(procs, functools.partial(spawn, args, "consume", outdir, c,
-                                                       relay.address if relay and c == 1 else ""))
+        consumers = [start_recorded(procs, functools.partial(spawn, args, "consume", outdir, c,
+                                                             relay.address if relay and c == 1 else ""))
                      for c in range(2)]
         end = time.monotonic() + 60
         while time.monotonic() < end and not all(os.path.exists(os.path.join(outdir, f"c{c}.ready"))
                                                   for c in range(2)):
             time.sleep(0.05)
-        prod = _started(procs, lambda: spawn(args, "produce", outdir))
+        prod = start_recorded(procs, lambda: spawn(args, "produce", outdir))
         time.sleep(args.steady_s)
         victim, survivor = consumers[1], consumers[0]
         victim_queues = (read_assign(os.path.join(outdir, "c1.assign")) or [{"queues": []}])[-1]["queues"]
@@ -686,12 +673,12 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
                            "connections": args.connections, "lease_ms": args.lease_ms}
     loads: list[subprocess.Popen[bytes]] = []
     try:
-        srv = _started(servers, lambda: peer_trimq.start_server(os.path.join(workdir, "server"), args))
+        srv = start_recorded(servers, lambda: peer_trimq.start_server(os.path.join(workdir, "server"), args))
         time.sleep(1.0)
         c0, w0 = _cpu_s(srv.pid), time.monotonic()
         time.sleep(args.cost_s / 2)
         res["idle_broker_cpu_s_per_s"] = round((_cpu_s(srv.pid) - c0) / (time.monotonic() - w0), 4)
-        load = _started(loads, lambda: spawn(args, "renewload", outdir))
+        load = start_recorded(loads, lambda: spawn(args, "renewload", outdir))
         time.sleep(args.warmup_s)
         c0, w0 = _cpu_s(srv.pid), time.monotonic()
         time.sleep(args.cost_s)

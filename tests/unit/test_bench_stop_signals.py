@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from bench.stop_signals import raise_on_stop_signals, stop_signals_held
+from bench.stop_signals import raise_on_stop_signals, start_recorded, stop_signals_held
 from tests.chaos.scenario import HarnessStopped
 
 
@@ -96,9 +99,7 @@ def test_a_hold_outside_the_handlers_changes_nothing() -> None:
         pass
 
 
-def test_takeover_records_a_child_whose_start_was_stopped() -> None:
-    from bench import takeover
-
+def test_a_child_whose_start_was_stopped_is_recorded() -> None:
     started: list[str] = []
 
     def start() -> str:
@@ -106,5 +107,44 @@ def test_takeover_records_a_child_whose_start_was_stopped() -> None:
         return "child"
 
     with pytest.raises(SystemExit, match="SIGTERM"), raise_on_stop_signals(SystemExit):
-        takeover._started(started, start)
+        start_recorded(started, start)
     assert started == ["child"]  # so the finally ends it
+
+
+STEP = """
+import signal, sys, time
+from pathlib import Path
+def ended(signum, frame):
+    Path(sys.argv[1]).write_text(signal.Signals(signum).name)  # a real step ends its brokers and clients here
+    sys.exit(0)
+signal.signal(signal.SIGTERM, ended)
+Path(sys.argv[1] + ".ready").touch()
+time.sleep(60)
+"""
+
+
+def test_a_step_that_times_out_is_told_to_stop_before_it_is_killed(tmp_path: Path) -> None:
+    # bench.run_all killed a step that ran past its timeout with SIGKILL, which left the brokers it had started in
+    # sessions of their own running; SIGTERM lets the step end them (its raise_on_stop_signals and finally).
+    from bench import run_all
+
+    mark = tmp_path / "ended"
+    assert run_all.run_step("step", [sys.executable, "-c", STEP, str(mark)], timeout=3) == -1
+    assert mark.read_text() == "SIGTERM"
+
+
+def test_a_stopped_run_tells_its_step_to_stop(tmp_path: Path) -> None:
+    from bench import run_all
+
+    mark = tmp_path / "ended"
+
+    def stop_soon() -> None:
+        deadline = time.monotonic() + 10
+        while not Path(f"{mark}.ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_soon, daemon=True).start()
+    with pytest.raises(SystemExit, match="SIGTERM"), raise_on_stop_signals(SystemExit):
+        run_all.run_step("step", [sys.executable, "-c", STEP, str(mark)], timeout=30)
+    assert mark.read_text() == "SIGTERM"

@@ -38,6 +38,7 @@ report says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -110,7 +111,13 @@ def run_step(name: str, cmd: list[str], timeout: float = STEP_TIMEOUT_S) -> int:
         log(f"{name}: timed out after {timeout:.0f} s")
         end_step(started[0])
         return -1
-    except BaseException:  # ^C, or this run told to stop (SIGTERM, hang-up): the step ends what it started first
+    except KeyboardInterrupt:  # the terminal's ^C reached the step too: let it end what it started undisturbed
+        for proc in started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(STEP_STOP_GRACE_S)
+            end_step(proc)
+        raise
+    except BaseException:  # this run told to stop (SIGTERM, hang-up): the step ends what it started first
         for proc in started:
             end_step(proc)
         raise

@@ -35,6 +35,7 @@ class _Guard:
     error: Callable[[str], BaseException]
     held: int = 0
     pending: str | None = None  # a stop signal that came while held
+    raised: bool = False  # one stop raised: later ones must not break into the finally that ends the children
 
 
 _guards: list[_Guard] = []  # the main thread's raise_on_stop_signals blocks, innermost last
@@ -43,8 +44,9 @@ _guards: list[_Guard] = []  # the main thread's raise_on_stop_signals blocks, in
 @contextmanager
 def raise_on_stop_signals(error: Callable[[str], BaseException]) -> Iterator[None]:
     """Within the block, a SIGHUP or SIGTERM to this process raises ``error(text)``, the text naming the signal
-    (at once, or where :func:`stop_signals_held` holds it, when that block ends); the previous handlers come back
-    after it. Only the main thread can set handlers; elsewhere nothing changes."""
+    (at once, or where :func:`stop_signals_held` holds it, when that block ends), once: later ones are ignored, so
+    that they do not break into the cleanup the first one started. The previous handlers come back after it.
+    Only the main thread can set handlers; elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -52,9 +54,12 @@ def raise_on_stop_signals(error: Callable[[str], BaseException]) -> Iterator[Non
 
     def stop(signum: int, frame: Any) -> None:
         text = f"{signal.Signals(signum).name}: the harness was told to stop, or its terminal closed"
+        if guard.raised:
+            return  # already stopping (a closed terminal hangs up the whole job, and bench.run_all adds a SIGTERM)
         if guard.held:
             guard.pending = guard.pending or text
             return
+        guard.raised = True
         raise error(text)
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
@@ -82,7 +87,7 @@ def stop_signals_held() -> Iterator[None]:
     finally:
         guard.held -= 1
         if not guard.held and guard.pending is not None:
-            text, guard.pending = guard.pending, None
+            text, guard.pending, guard.raised = guard.pending, None, True
             raise guard.error(text)  # the stop outranks what the block raised (that becomes its __context__)
 
 

@@ -148,3 +148,17 @@ def test_a_stopped_run_tells_its_step_to_stop(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="SIGTERM"), raise_on_stop_signals(SystemExit):
         run_all.run_step("step", [sys.executable, "-c", STEP, str(mark)], timeout=30)
     assert mark.read_text() == "SIGTERM"
+
+
+def test_a_second_stop_does_not_break_into_the_cleanup_of_the_first() -> None:
+    # A closed terminal hangs up the whole job (the step and bench.run_all), and run_all then adds a SIGTERM to the
+    # step: a second exception raised in the step's finally would stop it ending its brokers.
+    cleaned: list[str] = []
+    with pytest.raises(SystemExit, match="SIGHUP"), raise_on_stop_signals(SystemExit):
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            threading.Event().wait(1)
+        finally:
+            _stop_me()
+            cleaned.append("ended")
+    assert cleaned == ["ended"]

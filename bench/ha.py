@@ -47,6 +47,7 @@ from typing import Any
 import trio
 
 from bench.harness import RESULTS
+from bench.stop_signals import STOP_SIGNALS
 from trimq.client.api import SendStatus
 from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig
 from trimq.client.consume.common import ConsumeConcurrentlyStatus
@@ -368,6 +369,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+async def run_until_stopped(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`run`, which a SIGTERM or hang-up stops as a ^C does: cancelled, so that each cluster's block ends its
+    daemons, then ``SystemExit`` naming the signal (bench.stop_signals does the same for the harnesses outside
+    trio; trio's own receiver keeps the exception out of its run loop)."""
+    stopped: list[str] = []
+    result: dict[str, Any] = {}
+
+    async def watch(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            task_status.started()
+            async for signum in signals:
+                stopped.append(signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                return
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch)
+        result = await run(args)
+        nursery.cancel_scope.cancel()
+    if stopped:
+        raise SystemExit(f"{stopped[0]}: the harness was told to stop, or its terminal closed")
+    return result
+
+
 def summary_line(res: dict[str, Any]) -> str:
     tp = {r["mode"]: r for r in res["throughput"]}
     parts = [f"sends: single {tp['single']['msgs_s']:.0f}/s p99 {tp['single']['p99_ms']} ms, "
@@ -390,7 +415,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--keep", action="store_true", help="keep the stores and logs (their directory is printed)")
     args = p.parse_args(argv)
-    res = trio.run(run, args)
+    res = trio.run(run_until_stopped, args)
     print(summary_line(res), flush=True)
     if args.keep:
         print(f"stores and logs kept in {res.get('workdir')}")

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO, RESULTS, HarnessMissingError, load_harness
-from bench.stop_signals import raise_on_stop_signals, start_recorded
+from bench.stop_signals import end_child, raise_on_stop_signals, start_recorded
 
 STEP_TIMEOUT_S = 1500
 
@@ -90,16 +90,9 @@ def ensure_redis() -> str | None:
 STEP_STOP_GRACE_S = 60.0
 
 
-def end_step(proc: subprocess.Popen[bytes], grace_s: float = STEP_STOP_GRACE_S) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``: a step ends its brokers and clients on SIGTERM (bench.stop_signals;
-    some of them lead sessions of their own), where a SIGKILL would leave them running."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def end_step(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after :data:`STEP_STOP_GRACE_S` (bench.stop_signals.end_child)."""
+    end_child(proc, STEP_STOP_GRACE_S)
 
 
 def run_step(name: str, cmd: list[str], timeout: float = STEP_TIMEOUT_S) -> int:

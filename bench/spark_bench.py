@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.stop_signals import end_child, raise_on_stop_signals, start_recorded
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 
@@ -101,7 +103,9 @@ def run_timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs: list[subprocess.Popen[str]] = []
+    proc = start_recorded(procs, lambda: subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                                          stderr=subprocess.PIPE, text=True))
     seen: dict[int, float] = {}
     stop = threading.Event()
 
@@ -122,8 +126,13 @@ def run_timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    out, err = proc.communicate()
-    stop.set()
+    try:
+        out, err = proc.communicate()
+    except BaseException:  # ^C, SIGTERM or a hang-up: the audit ends its Spark session (and JVM) first
+        end_child(proc, 30)
+        raise
+    finally:
+        stop.set()
     sampler.join()
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -301,6 +310,12 @@ def compare(audit: dict[str, Any], ref: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A SIGTERM or hang-up stops the run as a ^C does: the audit that runs is told to stop (``run_timed``)."""
+    with raise_on_stop_signals(SystemExit):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.spark_bench", description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=10_000_000, help="store size in messages (default 10M)")
     ap.add_argument("--master", default="local[2]")

@@ -6,8 +6,9 @@ orphaned process group holding a stopped process gets SIGHUP and SIGCONT, POSIX;
 and every broker or Redis server the shared bench harness starts (its ``Server``). No terminal hang-up or ``kill``
 of the job reaches them, so the harness, which would die of the signal, turns it into an exception
 (:func:`raise_on_stop_signals`) and its ``finally`` ends them: the chaos harness, ``bench.run_all`` (which tells
-its running step to stop) and the steps that start brokers (``bench.peer_bench``, ``takeover``, ``key_scope``,
-``sdk_loops``, ``storage_bench``).
+its running step to stop, :func:`end_child`) and its steps (``bench.peer_bench``, ``takeover``, ``key_scope``,
+``sdk_loops``, ``storage_bench``, ``spark_bench``; ``bench.ha`` runs in trio and cancels itself instead), and
+``bench.wakes``.
 
 The ``finally`` must know of each child: start it and record it inside :func:`stop_signals_held`
 (:func:`start_recorded`), or an exception raised in ``subprocess.Popen`` after its fork would lose it (Popen
@@ -18,6 +19,7 @@ in 4 runs of 15).
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -98,3 +100,15 @@ def start_recorded(started: list[T], start: Callable[[], T]) -> T:
         child = start()
         started.append(child)
     return child
+
+
+def end_child(proc: subprocess.Popen[Any], grace_s: float = 60.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``: a bench step or a trimq daemon ends what it started on SIGTERM (some
+    of its children lead sessions of their own), where a SIGKILL would leave them running."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.stop_signals import end_child, raise_on_stop_signals, start_recorded
+
 #: Command lines of a run's processes: the servers and the harness's role processes (not the orchestrator).
 PROCESS_PATTERN = re.compile(r"redis-server|trimq-broker|instrumented_broker|bench\.peer_bench role")
 _ROLE = re.compile(r"--role (produce|consume)\b")
@@ -110,10 +112,17 @@ def count_switches(cmd: list[str], cwd: Path = _REPO) -> dict[str, int]:
     """Run ``cmd`` and poll its process tree until it ends; the switches per role. Raises RuntimeError when it
     exits with an error."""
     counter = SwitchCounter()
-    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as run:
+    runs: list[subprocess.Popen[bytes]] = []
+    try:
+        run = start_recorded(runs, lambda: subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL,
+                                                            stderr=subprocess.DEVNULL))
         while run.poll() is None:
             counter.poll(run.pid)
             time.sleep(0.01)
+    except BaseException:  # ^C, SIGTERM or a hang-up: the run ends its brokers and clients first
+        for child in runs:
+            end_child(child)
+        raise
     if run.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited with {run.returncode}")
     return counter.by_role()
@@ -159,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     rows: dict[str, list[dict[str, int]]] = {"redis": [], "trimq": []}
-    for _ in range(args.rounds):
-        for peer in rows:
-            rows[peer].append(run_one(peer, args.rate, args.messages, os.path.join(args.results, peer), args.batch))
+    with raise_on_stop_signals(SystemExit):
+        for _ in range(args.rounds):
+            for peer in rows:
+                rows[peer].append(run_one(peer, args.rate, args.messages, os.path.join(args.results, peer),
+                                          args.batch))
     print(report(rows, windows))
     return 0
 

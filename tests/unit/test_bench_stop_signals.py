@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -162,3 +163,55 @@ def test_a_second_stop_does_not_break_into_the_cleanup_of_the_first() -> None:
             _stop_me()
             cleaned.append("ended")
     assert cleaned == ["ended"]
+
+
+def _stop_when_ready(mark: Path) -> None:
+    """SIGTERM to this process once the STEP child at ``mark`` has its handler (from another thread)."""
+
+    def stop() -> None:
+        deadline = time.monotonic() + 10
+        while not Path(f"{mark}.ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop, daemon=True).start()
+
+
+@pytest.mark.parametrize("harness", ["wakes", "spark_bench"])
+def test_the_diagnostics_tell_their_run_to_stop(tmp_path: Path, harness: str) -> None:
+    # bench.wakes and bench.spark_bench run a bench or an audit as a child: a stopped harness tells it to stop
+    # (SIGTERM, so that it ends what it started) instead of leaving it running.
+    from bench import spark_bench, wakes
+
+    mark = tmp_path / "ended"
+    cmd = [sys.executable, "-c", STEP, str(mark)]
+    _stop_when_ready(mark)
+    with pytest.raises(SystemExit, match="SIGTERM"), raise_on_stop_signals(SystemExit):
+        if harness == "wakes":
+            wakes.count_switches(cmd)
+        else:
+            spark_bench.run_timed(cmd)
+    assert mark.read_text() == "SIGTERM"
+
+
+def test_the_ha_bench_ends_its_clusters_on_a_stop_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench.ha runs its clusters inside trio: a SIGTERM cancels the run (trio's signal receiver), so each cluster's
+    # block ends its daemons, and then the bench exits naming the signal; before, the daemons outlived it.
+    import trio
+
+    from bench import ha
+
+    ended: list[str] = []
+
+    async def run(args: object) -> dict[str, object]:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await trio.sleep(10)
+            return {}
+        finally:
+            ended.append("clusters ended")
+
+    monkeypatch.setattr(ha, "run", run)
+    with pytest.raises(SystemExit, match="SIGTERM"):
+        trio.run(ha.run_until_stopped, argparse.Namespace())
+    assert ended == ["clusters ended"]

@@ -104,32 +104,33 @@ def run_timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     procs: list[subprocess.Popen[str]] = []
-    proc = start_recorded(procs, lambda: subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                                          stderr=subprocess.PIPE, text=True))
     seen: dict[int, float] = {}
     stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            try:
-                root = psutil.Process(proc.pid)
-                tree = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                tree = []
-            for p in tree:
-                try:
-                    t = p.cpu_times()
-                except psutil.Error:
-                    continue
-                seen[p.pid] = max(seen.get(p.pid, 0.0), t.user + t.system)  # each process's own time
-            stop.wait(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     try:
+        proc = start_recorded(procs, lambda: subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                                              stderr=subprocess.PIPE, text=True))
+
+        def sample() -> None:
+            while not stop.is_set():
+                try:
+                    root = psutil.Process(proc.pid)
+                    tree = [root, *root.children(recursive=True)]
+                except psutil.Error:
+                    tree = []
+                for p in tree:
+                    try:
+                        t = p.cpu_times()
+                    except psutil.Error:
+                        continue
+                    seen[p.pid] = max(seen.get(p.pid, 0.0), t.user + t.system)  # each process's own time
+                stop.wait(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         out, err = proc.communicate()
     except BaseException:  # ^C, SIGTERM or a hang-up: the audit ends its Spark session (and JVM) first
-        end_child(proc, 30)
+        for child in procs:
+            end_child(child, 30)
         raise
     finally:
         stop.set()

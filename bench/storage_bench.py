@@ -40,7 +40,7 @@ from typing import Any
 import trio
 
 from bench.own_redis import HOST, start_own_redis, stop_redis_process
-from bench.stop_signals import raise_on_stop_signals, stop_signals_held
+from bench.stop_signals import raise_on_stop_signals, start_recorded
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
@@ -104,9 +104,9 @@ class BrokerProc:
         else:
             cmd = [str(Path(sys.executable).parent / "trimq-broker"), *args]
         self.log = open(store.parent / f"{store.name}.log", "wb")  # noqa: SIM115
-        with stop_signals_held():  # (a stop raising inside Popen would lose the child)
-            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        started: list[subprocess.Popen[bytes]] = []
         try:
+            self.proc = start_recorded(started, lambda: subprocess.Popen(cmd, stdout=self.log, stderr=self.log))
             addr_file = store / "broker.addr"
             deadline = time.monotonic() + 30
             while not addr_file.exists():
@@ -115,7 +115,11 @@ class BrokerProc:
                 time.sleep(0.05)
             self.address = addr_file.read_text().strip()
         except BaseException:  # not started, or this run told to stop meanwhile: nobody else would end it
-            self.stop()
+            if started:
+                self.proc = started[0]
+                self.stop()  # (closes the log too)
+            else:
+                self.log.close()
             raise
 
     def stop(self) -> None:

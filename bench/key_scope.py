@@ -50,7 +50,7 @@ from typing import Any
 from bench.harness import REPO, RESULTS, load_harness
 from bench.own_redis import start_harness_redis
 from bench.peer_trimq import broker_env, start_broker_on_own_port
-from bench.stop_signals import raise_on_stop_signals, start_recorded
+from bench.stop_signals import kill_children, raise_on_stop_signals, start_recorded
 
 common = load_harness()
 
@@ -434,10 +434,7 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
     except Exception as exc:
         row["error"] = repr(exc)
     finally:
-        for p in procs + producers:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
+        kill_children(procs + producers)
         for server, _port in servers:
             server.stop()
     row.update(collect(outdir, messages))

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from bench.stop_signals import end_child
+
 __all__ = ["HOST", "free_port", "redis_pid", "start_harness_redis", "start_own_redis", "stop_redis_process",
            "wait_own_redis"]
 
@@ -80,12 +82,7 @@ def wait_own_redis(host: str, port: int, proc: subprocess.Popen[bytes], timeout:
 def stop_redis_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """Stop a ``redis-server`` the benchmark started: SIGTERM (Redis writes its append-only file out and exits),
     SIGKILL if it is still running after ``timeout`` seconds, so that a hung server never outlives the run."""
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    end_child(proc, timeout)
 
 
 def start_own_redis(start: Callable[[int], tuple[H, subprocess.Popen[bytes]]], stop: Callable[[H], None],

@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
 from bench.own_redis import start_harness_redis
-from bench.stop_signals import raise_on_stop_signals, start_recorded
+from bench.stop_signals import kill_children, raise_on_stop_signals, start_recorded
 
 common = load_harness()
 
@@ -215,10 +215,7 @@ def one_run(args: argparse.Namespace, mod: Any, i: int) -> dict[str, Any]:
         res["consumer_rc"] = [wait_proc(c, args.deadline_s + 60) for c in consumers]
         res.update(srv.stop_sampling())
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
+        kill_children(procs)
         for server in servers:
             server.stop()
     try:

@@ -90,11 +90,6 @@ def ensure_redis() -> str | None:
 STEP_STOP_GRACE_S = 60.0
 
 
-def end_step(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after :data:`STEP_STOP_GRACE_S` (bench.stop_signals.end_child)."""
-    end_child(proc, STEP_STOP_GRACE_S)
-
-
 def run_step(name: str, cmd: list[str], timeout: float = STEP_TIMEOUT_S) -> int:
     log(f"{name}: {' '.join(cmd)}")
     started: list[subprocess.Popen[bytes]] = []
@@ -102,17 +97,17 @@ def run_step(name: str, cmd: list[str], timeout: float = STEP_TIMEOUT_S) -> int:
         return start_recorded(started, lambda: subprocess.Popen(cmd, cwd=str(REPO))).wait(timeout)
     except subprocess.TimeoutExpired:
         log(f"{name}: timed out after {timeout:.0f} s")
-        end_step(started[0])
+        end_child(started[0], STEP_STOP_GRACE_S)
         return -1
     except KeyboardInterrupt:  # the terminal's ^C reached the step too: let it end what it started undisturbed
         for proc in started:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(STEP_STOP_GRACE_S)
-            end_step(proc)
+            end_child(proc, STEP_STOP_GRACE_S)
         raise
     except BaseException:  # this run told to stop (SIGTERM, hang-up): the step ends what it started first
         for proc in started:
-            end_step(proc)
+            end_child(proc, STEP_STOP_GRACE_S)
         raise
 
 

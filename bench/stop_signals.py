@@ -102,6 +102,15 @@ def start_recorded(started: list[T], start: Callable[[], T]) -> T:
     return child
 
 
+def kill_children(children: list[subprocess.Popen[Any]]) -> None:
+    """SIGKILL each child still running and reap it: clients that hold nothing to hand back (the servers they used
+    are ended with :func:`end_child`, or their harness's ``stop``)."""
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+            child.wait(5)
+
+
 def end_child(proc: subprocess.Popen[Any], grace_s: float = 60.0) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``: a bench step or a trimq daemon ends what it started on SIGTERM (some
     of its children lead sessions of their own), where a SIGKILL would leave them running."""

@@ -28,7 +28,6 @@ import json
 import os
 import pstats
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from typing import Any
 import trio
 
 from bench.own_redis import HOST, start_own_redis, stop_redis_process
-from bench.stop_signals import raise_on_stop_signals, start_recorded
+from bench.stop_signals import end_child, raise_on_stop_signals, start_recorded
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
@@ -123,13 +122,7 @@ class BrokerProc:
             raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_child(self.proc, 60)
         self.log.close()
 
 

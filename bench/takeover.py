@@ -56,7 +56,7 @@ import time
 from typing import Any
 
 from bench.harness import REPO, RESULTS, load_harness
-from bench.stop_signals import raise_on_stop_signals, start_recorded
+from bench.stop_signals import kill_children, raise_on_stop_signals, start_recorded
 
 common = load_harness()
 
@@ -452,10 +452,7 @@ def run_scenario(args: argparse.Namespace) -> dict[str, Any]:
         res["survivor_rc"] = _wait(survivor, 30)
         res["victim_rc"] = _wait(victim, 30)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
+        kill_children(procs)
         if relay is not None:
             relay.close()
         for server in servers:
@@ -693,10 +690,7 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
             res["broker_cpu_us_per_renewal"] = round(
                 (res["broker_cpu_s_per_s"] - res["idle_broker_cpu_s_per_s"]) / res["renewals_per_s"] * 1e6, 1)
     finally:
-        for load in loads:
-            if load.poll() is None:
-                load.kill()
-                load.wait(5)
+        kill_children(loads)
         for server in servers:
             server.stop()
     return res

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.stop_signals import raise_on_stop_signals, start_recorded, stop_signals_held
+from bench.stop_signals import end_child, kill_children, raise_on_stop_signals, start_recorded, stop_signals_held
 from tests.chaos.scenario import HarnessStopped
 
 
@@ -35,7 +36,7 @@ def test_outside_the_main_thread_nothing_changes() -> None:
     seen: list[object] = []
 
     def other() -> None:
-        with raise_on_stop_signals(SystemExit):  # signal.signal would raise ValueError here
+        with raise_on_stop_signals(SystemExit), stop_signals_held():  # signal.signal would raise ValueError here
             seen.append({sig: signal.getsignal(sig) for sig in before})
 
     worker = threading.Thread(target=other)
@@ -124,6 +125,18 @@ time.sleep(60)
 """
 
 
+def _stop_when_ready(mark: Path) -> None:
+    """SIGTERM to this process once the STEP child at ``mark`` has its handler (from another thread)."""
+
+    def stop() -> None:
+        deadline = time.monotonic() + 10
+        while not Path(f"{mark}.ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop, daemon=True).start()
+
+
 def test_a_step_that_times_out_is_told_to_stop_before_it_is_killed(tmp_path: Path) -> None:
     # bench.run_all killed a step that ran past its timeout with SIGKILL, which left the brokers it had started in
     # sessions of their own running; SIGTERM lets the step end them (its raise_on_stop_signals and finally).
@@ -138,14 +151,7 @@ def test_a_stopped_run_tells_its_step_to_stop(tmp_path: Path) -> None:
     from bench import run_all
 
     mark = tmp_path / "ended"
-
-    def stop_soon() -> None:
-        deadline = time.monotonic() + 10
-        while not Path(f"{mark}.ready").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=stop_soon, daemon=True).start()
+    _stop_when_ready(mark)
     with pytest.raises(SystemExit, match="SIGTERM"), raise_on_stop_signals(SystemExit):
         run_all.run_step("step", [sys.executable, "-c", STEP, str(mark)], timeout=30)
     assert mark.read_text() == "SIGTERM"
@@ -163,18 +169,6 @@ def test_a_second_stop_does_not_break_into_the_cleanup_of_the_first() -> None:
             _stop_me()
             cleaned.append("ended")
     assert cleaned == ["ended"]
-
-
-def _stop_when_ready(mark: Path) -> None:
-    """SIGTERM to this process once the STEP child at ``mark`` has its handler (from another thread)."""
-
-    def stop() -> None:
-        deadline = time.monotonic() + 10
-        while not Path(f"{mark}.ready").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=stop, daemon=True).start()
 
 
 @pytest.mark.parametrize("harness", ["wakes", "spark_bench"])
@@ -215,3 +209,31 @@ def test_the_ha_bench_ends_its_clusters_on_a_stop_signal(monkeypatch: pytest.Mon
     with pytest.raises(SystemExit, match="SIGTERM"):
         trio.run(ha.run_until_stopped, argparse.Namespace())
     assert ended == ["clusters ended"]
+
+
+IGNORES_SIGTERM = """
+import signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+Path(sys.argv[1]).touch()
+time.sleep(60)
+"""
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    child = subprocess.Popen([sys.executable, "-c", IGNORES_SIGTERM, str(ready)])
+    deadline = time.monotonic() + 10
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    end_child(child, grace_s=0.3)
+    assert child.returncode == -signal.SIGKILL
+    end_child(child)  # an ended child: nothing to do
+
+
+def test_kill_children_reaps_the_running_and_leaves_the_ended() -> None:
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait(10)
+    kill_children([running, ended])
+    assert running.returncode == -signal.SIGKILL and ended.returncode == 0

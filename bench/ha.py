@@ -47,7 +47,7 @@ from typing import Any
 import trio
 
 from bench.harness import RESULTS
-from bench.stop_signals import STOP_SIGNALS
+from bench.stop_signals import STOP_SIGNALS, end_child
 from trimq.client.api import SendStatus
 from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig
 from trimq.client.consume.common import ConsumeConcurrentlyStatus
@@ -58,6 +58,7 @@ from trimq.protocol.codes import RequestCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import Message
 from trimq.runtime.client import RemotingClient
+from trimq.testing.processes import fresh_address_file, listened_address
 
 BIN = Path(sys.executable).parent
 TOPIC = "HaBench"
@@ -80,12 +81,7 @@ class Daemon:
         self.popen.wait(10)
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        end_child(self.popen, 20)
 
 
 class Cluster:
@@ -127,19 +123,13 @@ class Cluster:
     def start_broker(self, name: str, broker_name: str, *args: str) -> Daemon:
         store = self.workdir / name
         store.mkdir(parents=True, exist_ok=True)
-        addr_file = store / "broker.addr"
-        addr_file.unlink(missing_ok=True)
+        addr_file = fresh_address_file(store)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")}
         env["TRIMQ_BROKER_MAPPED_FILE_SIZE_COMMIT_LOG"] = str(64 * 1024 * 1024)
         d = self._start(name, [str(BIN / "trimq-broker"), "--namesrv", self.namesrv, "--listen", "127.0.0.1:0",
                                "--store", str(store), "--broker-name", broker_name, "--log-format", "json",
                                "--log-level", "warning", *args], env)
-        deadline = time.monotonic() + 30
-        while not addr_file.exists():
-            if d.popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{d.log.read_text()[-2000:]}")
-            time.sleep(0.05)
-        d.address = addr_file.read_text().strip()
+        d.address = listened_address(addr_file, d.popen, 30, log=d.log, name=name)
         return d
 
 

@@ -38,7 +38,6 @@ and the broker's ``max_transfer_count_on_message_in_memory`` (``--trimq-max-tran
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -88,27 +87,23 @@ def version() -> str:
 def fresh_address_file(store: str) -> str:
     """``STORE/broker.addr``, where a broker writes the address it listens on; a file an earlier run left
     there is removed first, so it cannot be read as this run's."""
-    path = os.path.join(store, "broker.addr")
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-    return path
+    from trimq.testing import processes  # (here, not at the top: the client processes need none of the broker)
+
+    return str(processes.fresh_address_file(store))
 
 
 def listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
-    """The port a broker listens on, from the ``broker.addr`` it writes once it listens
-    (atomically: written aside, then renamed), so the port accepts connections when this returns; 0 if the
-    process exits or does not write it within ``timeout_s``, or the file does not end in a port number."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end and proc.poll() is None:
-        try:
-            with open(address_file) as f:
-                text = f.read()
-        except FileNotFoundError:
-            time.sleep(0.01)
-            continue
-        port = text.strip().rpartition(":")[2]
-        return int(port) if port.isdigit() else 0  # not HOST:PORT: not a broker we can reach
-    return 0
+    """The port a broker listens on, from the ``broker.addr`` it writes once it listens, so the port accepts
+    connections when this returns; 0 if the process exits or does not write it within ``timeout_s``, or the
+    file does not end in a port number."""
+    from trimq.testing import processes
+
+    try:
+        address = processes.listened_address(address_file, proc, timeout_s)
+    except processes.BrokerNotListeningError:
+        return 0
+    port = address.rpartition(":")[2]
+    return int(port) if port.isdigit() else 0  # not HOST:PORT: not a broker we can reach
 
 
 def broker_exe() -> list[str]:

@@ -43,6 +43,7 @@ from bench.stop_signals import end_child, raise_on_stop_signals, start_recorded
 from trimq.protocol.codes import RequestCode, ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
+from trimq.testing.processes import ADDRESS_FILE_NAME, listened_address
 
 QUEUES = 4
 TOPIC = "Bench"
@@ -106,13 +107,8 @@ class BrokerProc:
         started: list[subprocess.Popen[bytes]] = []
         try:
             self.proc = start_recorded(started, lambda: subprocess.Popen(cmd, stdout=self.log, stderr=self.log))
-            addr_file = store / "broker.addr"
-            deadline = time.monotonic() + 30
-            while not addr_file.exists():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"broker did not start: {(store.parent / f'{store.name}.log').read_text()}")
-                time.sleep(0.05)
-            self.address = addr_file.read_text().strip()
+            self.address = listened_address(store / ADDRESS_FILE_NAME, self.proc, 30,
+                                            log=store.parent / f"{store.name}.log")
         except BaseException:  # not started, or this run told to stop meanwhile: nobody else would end it
             if started:
                 self.proc = started[0]

@@ -52,7 +52,10 @@ from trimq.runtime.tls import server_ssl_context
 
 log = get_logger("trimq.broker")
 
-__all__ = ["Broker", "open_broker", "store_config"]
+__all__ = ["ADDRESS_FILE_NAME", "Broker", "open_broker", "store_config"]
+
+# In the store directory: HOST:PORT once the server listens (how a caller learns the port of --listen HOST:0).
+ADDRESS_FILE_NAME = "broker.addr"
 
 
 class Broker:
@@ -215,7 +218,7 @@ class Broker:
     def _write_address_file(self) -> None:
         os.makedirs(self.config.store_dir, exist_ok=True)
         host, port = self.server.addresses[0]
-        path = os.path.join(self.config.store_dir, "broker.addr")
+        path = os.path.join(self.config.store_dir, ADDRESS_FILE_NAME)
         tmp = path + ".tmp"
         with open(tmp, "w") as fh:
             fh.write(format_address(host, port) + "\n")

@@ -65,6 +65,7 @@ from typing import Any
 
 from bench.stop_signals import raise_on_stop_signals, stop_signals_held
 from tests.e2e.checker import AsyncFailover, BrokerCrash, Pause, Report, Stop, async_tail, check, read_records
+from trimq.testing.processes import ADDRESS_FILE_NAME, fresh_address_file, listened_address
 
 __all__ = [
     "BROKER_SETTINGS",
@@ -470,9 +471,7 @@ class _Cluster:
     def start_broker(self, broker: str, listen: str | None = None) -> _Proc:
         """Start ``broker`` on ``listen`` (a restart: its previous address) or on a port of its own."""
         listen = listen or f"127.0.0.1:{_stable_port()}"
-        addr_file = self.store(broker) / "broker.addr"
-        with contextlib.suppress(FileNotFoundError):
-            addr_file.unlink()
+        fresh_address_file(self.store(broker))
         n = self._incarnations[broker]
         self._incarnations[broker] += 1
         role = ("--role", self.settings.ha_role.lower()) if broker == HA_BROKER else ()
@@ -485,8 +484,7 @@ class _Cluster:
         """HA: a slave of ``broker`` on its own store (a fresh one, or a demoted master's); it finds its master
         through the name server."""
         store = self.slave_stores.setdefault(broker, self.workdir / f"store-{broker}-slave")
-        with contextlib.suppress(FileNotFoundError):
-            (store / "broker.addr").unlink()
+        fresh_address_file(store)
         n = self._incarnations[broker + "-s"]
         self._incarnations[broker + "-s"] += 1
         listen = f"127.0.0.1:{_stable_port()}"  # a promotion makes it the master, which kill_broker restarts here
@@ -501,15 +499,7 @@ class _Cluster:
         return {**BROKER_SETTINGS, "ha_listen_port": self.ha_ports.setdefault(store, _stable_port())}
 
     def wait_addr(self, p: _Proc, store: Path, timeout: float = 30) -> str:
-        addr_file = store / "broker.addr"
-        deadline = time.monotonic() + timeout
-        while not addr_file.exists():
-            if not p.alive():
-                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.log_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{p.name} did not start within {timeout} s:\n{p.log_text()[-3000:]}")
-            time.sleep(0.05)
-        return addr_file.read_text().strip()
+        return listened_address(store / ADDRESS_FILE_NAME, p.popen, timeout, log=p.log_text, name=p.name)
 
     def promote(self, broker: str) -> tuple[str, int]:
         """HA: make ``broker``'s slave its master (trimq-admin broker promote); swap the bookkeeping; its address
@@ -525,20 +515,11 @@ class _Cluster:
         new_master, new_store = self.slaves.pop(broker), self.slave_stores.pop(broker)
         self.slave_stores[broker], self.stores[broker] = self.stores[broker], new_store
         self.brokers[broker] = new_master
-        self.broker_addr[broker] = addr = (new_store / "broker.addr").read_text().strip()
+        self.broker_addr[broker] = addr = (new_store / ADDRESS_FILE_NAME).read_text().strip()
         return addr, kept
 
     def wait_broker(self, broker: str, timeout: float = 30) -> str:
-        p = self.brokers[broker]
-        addr_file = self.store(broker) / "broker.addr"
-        deadline = time.monotonic() + timeout
-        while not addr_file.exists():
-            if not p.alive():
-                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.log_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{p.name} did not start within {timeout} s:\n{p.log_text()[-3000:]}")
-            time.sleep(0.05)
-        addr = addr_file.read_text().strip()
+        addr = self.wait_addr(self.brokers[broker], self.store(broker), timeout)
         self.broker_addr[broker] = addr
         return addr
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from trimq.testing.processes import ADDRESS_FILE_NAME, listened_address
+
 BIN = Path(os.path.dirname(sys.executable))
 
 
@@ -94,17 +96,9 @@ class Procs:
 
     def broker(self, *args: str, env: dict[str, str] | None = None, timeout: float = 20) -> Proc:
         store = self.tmp_path / f"store{next(self._n)}"
-        addr_file = store / "broker.addr"
         p = self.start("broker", [tool("trimq-broker"), "--embedded-namesrv", "--listen", "127.0.0.1:0", "--store",
                                   str(store), "--log-format", "json", "--log-level", "warning", *args], env)
-        deadline = time.monotonic() + timeout
-        while not addr_file.exists():
-            if p.popen.poll() is not None:
-                raise RuntimeError(f"trimq-broker exited with {p.popen.returncode}:\n{p.log_text()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"trimq-broker did not start within {timeout} s:\n{p.log_text()}")
-            time.sleep(0.05)
-        p.address = addr_file.read_text().strip()
+        p.address = listened_address(store / ADDRESS_FILE_NAME, p.popen, timeout, log=p.log_text)
         return p
 
     def cleanup(self) -> None:

@@ -32,6 +32,7 @@ from trimq.client import (
     PushConsumer,
     PushConsumerConfig,
 )
+from trimq.testing.processes import ADDRESS_FILE_NAME, listened_address
 
 from .conftest import tool
 
@@ -50,12 +51,7 @@ def addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                                  str(store), "--log-format", "json", "--log-level", "warning"],
                                 stdout=out, stderr=out, cwd=base)
     try:
-        deadline = time.monotonic() + 20
-        while not (store / "broker.addr").exists():
-            assert proc.poll() is None, f"trimq-broker exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"trimq-broker did not start:\n{log.read_text()}"
-            time.sleep(0.05)
-        yield (store / "broker.addr").read_text().strip()
+        yield listened_address(store / ADDRESS_FILE_NAME, proc, 20, log=log)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -396,15 +392,12 @@ def _start_broker(base: Path, name: str, *args: str) -> tuple[subprocess.Popen[b
         proc = subprocess.Popen([tool("trimq-broker"), "--listen", "127.0.0.1:0", "--store", str(store),
                                  "--broker-name", name, "--log-format", "json", "--log-level", "warning", *args],
                                 stdout=out, stderr=out, cwd=base)
-    return proc, store / "broker.addr"
+    return proc, store / ADDRESS_FILE_NAME
 
 
 async def _address(proc: subprocess.Popen[bytes], addr_file: Path) -> str:
-    with trio.fail_after(20):
-        while not addr_file.exists():
-            assert proc.poll() is None, "trimq-broker exited"
-            await trio.sleep(0.05)
-    return addr_file.read_text().strip()
+    return await trio.to_thread.run_sync(lambda: listened_address(addr_file, proc, 20, log=addr_file.parent.parent
+                                                                  / f"{addr_file.parent.name}.log"))
 
 
 async def test_two_brokers_merge_per_broker_answers(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import Message
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.client import RemotingClient
+from trimq.testing.processes import fresh_address_file, listened_address
 
 from .conftest import Proc, Procs, tool
 
@@ -51,19 +52,12 @@ def start_namesrv(procs: Procs) -> str:
 
 def start_broker(procs: Procs, name: str, store: Path, ns: str, *args: str, listen: str = "127.0.0.1:0",
                  **settings: Any) -> Proc:
-    addr_file = store / "broker.addr"
-    if addr_file.exists():
-        addr_file.unlink()
+    addr_file = fresh_address_file(store)
     env = dict(os.environ)
     env.update({"TRIMQ_BROKER_" + k.upper(): str(v) for k, v in settings.items()})
     p = procs.start(name, [tool("trimq-broker"), "--namesrv", ns, "--listen", listen, "--store", str(store),
                            "--broker-name", "broker-a", "--log-format", "json", "--log-level", "info", *args], env)
-    deadline = time.monotonic() + 20
-    while not addr_file.exists():
-        if p.popen.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{name} did not start:\n{p.log_text()[-3000:]}")
-        time.sleep(0.05)
-    p.address = addr_file.read_text().strip()
+    p.address = listened_address(addr_file, p.popen, 20, log=p.log_text, name=name)
     return p
 
 

@@ -32,6 +32,7 @@ from trimq.protocol.codes import ResponseCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.frame import FrameDecoder, encode_frame
 from trimq.protocol.message import encode_properties
+from trimq.testing.processes import ADDRESS_FILE_NAME, listened_address
 
 SUSPEND = 0x2
 MIB = 1024 * 1024
@@ -269,13 +270,7 @@ def broker_process(tmp_path: Path, settings: dict[str, str], argv: list[str] | N
                                  "--store", str(store), "--log-format", "json", "--log-level", log_level],
                                 stdout=out, stderr=out, env=env)
     try:
-        addr_file = store / "broker.addr"
-        deadline = time.monotonic() + 30
-        while not addr_file.exists():
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the broker did not start"
-            time.sleep(0.05)
-        yield proc, addr_file.read_text().strip(), log
+        yield proc, listened_address(store / ADDRESS_FILE_NAME, proc, 30, log=log), log
     finally:
         proc.kill()
         proc.wait(10)

@@ -39,6 +39,7 @@ from trimq.namesrv.config import NamesrvConfig
 from trimq.namesrv.service import NameServer, open_namesrv
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
+from trimq.testing.processes import fresh_address_file, listened_address
 
 BIN = Path(sys.executable).parent
 SMALL_STORE: dict[str, Any] = {
@@ -138,21 +139,17 @@ class Daemons:
     async def broker(self, store: Path, *args: str, env: dict[str, str] | None = None,
                      timeout_s: float = 20) -> Daemon:
         """Run ``trimq-broker --listen 127.0.0.1:0 --store STORE ARGS`` and wait for STORE/broker.addr."""
-        addr_file = store / "broker.addr"
-        if addr_file.exists():
-            addr_file.unlink()
+        addr_file = fresh_address_file(store)
         argv = [str(BIN / "trimq-broker"), "--listen", "127.0.0.1:0", "--store", str(store), "--log-format",
                 "json", *args]
         proc, log = self._spawn(argv, env if env is not None else small_store_env())
-        deadline = time.monotonic() + timeout_s
-        while not addr_file.exists():
-            if proc.poll() is not None:
-                raise RuntimeError(f"trimq-broker exited with {proc.returncode}:\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"trimq-broker did not start in {timeout_s}s:\n{log.read_text()}")
-            await trio.sleep(0.05)
-        d = Daemon(proc, addr_file.read_text().strip(), log)
+        try:
+            address = await trio.to_thread.run_sync(lambda: listened_address(addr_file, proc, timeout_s, log=log))
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        d = Daemon(proc, address, log)
         self.started.append(d)
         return d
 

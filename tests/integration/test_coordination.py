@@ -26,6 +26,7 @@ from trimq.broker.config import BrokerConfig
 from trimq.protocol import RemotingCommand, RequestCode, ResponseCode
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.client import RemotingClient
+from trimq.testing.processes import fresh_address_file, listened_address
 
 G = "orderly_group"
 T = "TopicA"
@@ -446,17 +447,11 @@ def _broker_cmd(store: Path) -> list[str]:
 
 
 async def _start_cli_broker(store: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    addr_file = store / "broker.addr"
-    addr_file.unlink(missing_ok=True)
+    addr_file = fresh_address_file(store)
     env = {**os.environ, "TRIMQ_BROKER_FLUSH_CONSUMER_OFFSET_INTERVAL_MS": "100"}
     with open(log, "ab") as out:
         proc = subprocess.Popen(_broker_cmd(store), stdout=out, stderr=out, env=env)
-    with trio.fail_after(60):
-        while not addr_file.exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"broker exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            await trio.sleep(0.05)
-    return proc, addr_file.read_text().strip()
+    return proc, await trio.to_thread.run_sync(lambda: listened_address(addr_file, proc, 60, log=log))
 
 
 async def test_offsets_survive_sigkill_after_a_persist(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgpack
@@ -19,6 +18,7 @@ from trimq.protocol.errors import RequestError
 from trimq.protocol.frame import FrameDecoder, encode_frame
 from trimq.runtime.client import RemotingClient, RemotingConnectError, RemotingTimeoutError
 from trimq.runtime.server import Connection, RemotingServer
+from trimq.testing.processes import ADDRESS_FILE_NAME, listened_address
 
 ECHO = 1000
 SLOW = 1001
@@ -209,21 +209,20 @@ def _venv_bin(name: str) -> str:
 
 
 def _start_cli_broker(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    store = tmp_path / "store"
-    proc = subprocess.Popen(
-        [_venv_bin("trimq-broker"), "--listen", "127.0.0.1:0", "--store", str(store), "--log-format", "json"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    addr_file = store / "broker.addr"
-    deadline = time.monotonic() + 30
-    while not addr_file.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"broker exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError("broker did not start")
-        time.sleep(0.05)
-    return proc, addr_file.read_text().strip()
+    store, log = tmp_path / "store", tmp_path / "broker.log"
+    # The log to a file, not a pipe nobody reads: a broker writing warnings for a burst of bad frames would block
+    # on a full pipe.
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [_venv_bin("trimq-broker"), "--listen", "127.0.0.1:0", "--store", str(store), "--log-format", "json"],
+            stdout=out, stderr=out,
+        )
+    try:
+        return proc, listened_address(store / ADDRESS_FILE_NAME, proc, 30, log=log)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def test_sigterm_stops_a_cli_broker_with_status_0(tmp_path: Path) -> None:

@@ -39,7 +39,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ from trimq.protocol.codes import RequestCode
 from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import Message
 from trimq.runtime.client import RemotingClient
-from trimq.testing.processes import fresh_address_file, listened_address
+from trimq.testing.processes import fresh_address_file, listened_address, logged_event
 
 BIN = Path(sys.executable).parent
 TOPIC = "HaBench"
@@ -111,14 +110,7 @@ class Cluster:
     def start_namesrv(self) -> None:
         d = self._start("namesrv", [str(BIN / "trimq-namesrv"), "--listen", "127.0.0.1:0", "--log-format", "json",
                                     "--log-level", "info"])
-        deadline = time.monotonic() + 20
-        while not self.namesrv:
-            for line in d.log.read_text(errors="replace").splitlines():
-                if '"namesrv.started"' in line:
-                    self.namesrv = d.address = str(json.loads(line)["address"])
-            if d.popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the name server did not start:\n{d.log.read_text()[-2000:]}")
-            time.sleep(0.05)
+        self.namesrv = d.address = str(logged_event(d.log, d.popen, "namesrv.started", 20)["address"])
 
     def start_broker(self, name: str, broker_name: str, *args: str) -> Daemon:
         store = self.workdir / name

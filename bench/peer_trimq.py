@@ -100,7 +100,7 @@ def listened_port(address_file: str, proc: Any, timeout_s: float) -> int:
 
     try:
         address = processes.listened_address(address_file, proc, timeout_s)
-    except processes.BrokerNotListeningError:
+    except processes.DaemonNotReadyError:
         return 0
     port = address.rpartition(":")[2]
     return int(port) if port.isdigit() else 0  # not HOST:PORT: not a broker we can reach

@@ -65,7 +65,7 @@ from typing import Any
 
 from bench.stop_signals import raise_on_stop_signals, stop_signals_held
 from tests.e2e.checker import AsyncFailover, BrokerCrash, Pause, Report, Stop, async_tail, check, read_records
-from trimq.testing.processes import ADDRESS_FILE_NAME, fresh_address_file, listened_address
+from trimq.testing.processes import ADDRESS_FILE_NAME, first_event, fresh_address_file, listened_address, logged_event
 
 __all__ = [
     "BROKER_SETTINGS",
@@ -352,25 +352,10 @@ class _Proc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def log_event(self, event: str) -> dict[str, Any] | None:
-        for line in self.log_text().splitlines():
-            if f'"{event}"' in line:
-                with contextlib.suppress(ValueError):
-                    obj = json.loads(line)
-                    if obj.get("event") == event:
-                        return obj  # type: ignore[no-any-return]
-        return None
+        return first_event(self.log_text(), event)
 
     def wait_log_event(self, event: str, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            obj = self.log_event(event)
-            if obj is not None:
-                return obj
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name}: no {event} within {timeout} s:\n{self.log_text()[-3000:]}")
-            time.sleep(0.05)
+        return logged_event(self.log, self.popen, event, timeout, name=self.name)
 
 
 class _Sampler(threading.Thread):

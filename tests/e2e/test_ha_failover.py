@@ -32,7 +32,7 @@ from trimq.protocol.command import RemotingCommand
 from trimq.protocol.message import Message
 from trimq.protocol.message_queue import MessageQueue
 from trimq.runtime.client import RemotingClient
-from trimq.testing.processes import fresh_address_file, listened_address
+from trimq.testing.processes import fresh_address_file, listened_address, logged_event
 
 from .conftest import Proc, Procs, tool
 
@@ -43,11 +43,7 @@ COUNT = 40
 def start_namesrv(procs: Procs) -> str:
     p = procs.start("namesrv", [tool("trimq-namesrv"), "--listen", "127.0.0.1:0", "--log-format", "json",
                                 "--log-level", "info"])
-    p.wait_for_log('"namesrv.started"')
-    for line in p.log_text().splitlines():
-        if '"namesrv.started"' in line:
-            return str(json.loads(line)["address"])
-    raise AssertionError("no address in the name server's log")
+    return str(logged_event(p.log, p.popen, "namesrv.started", 20)["address"])
 
 
 def start_broker(procs: Procs, name: str, store: Path, ns: str, *args: str, listen: str = "127.0.0.1:0",

@@ -23,7 +23,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from trimq.namesrv.config import NamesrvConfig
 from trimq.namesrv.service import NameServer, open_namesrv
 from trimq.protocol.command import RemotingCommand
 from trimq.runtime.client import RemotingClient
-from trimq.testing.processes import fresh_address_file, listened_address
+from trimq.testing.processes import fresh_address_file, listened_address, logged_event
 
 BIN = Path(sys.executable).parent
 SMALL_STORE: dict[str, Any] = {
@@ -155,23 +154,17 @@ class Daemons:
 
     async def namesrv(self, *args: str, env: dict[str, str] | None = None, timeout_s: float = 20) -> Daemon:
         """Run ``trimq-namesrv --listen 127.0.0.1:0 ARGS`` and wait for its "namesrv.started" log line."""
-        import json
-
         argv = [str(BIN / "trimq-namesrv"), "--listen", "127.0.0.1:0", "--log-format", "json", *args]
         proc, log = self._spawn(argv, env)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for line in log.read_text(errors="replace").splitlines():
-                if '"namesrv.started"' in line:
-                    d = Daemon(proc, json.loads(line)["address"], log)
-                    self.started.append(d)
-                    return d
-            if proc.poll() is not None:
-                raise RuntimeError(f"trimq-namesrv exited with {proc.returncode}:\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"trimq-namesrv did not start in {timeout_s}s:\n{log.read_text()}")
-            await trio.sleep(0.05)
+        try:
+            started = await trio.to_thread.run_sync(lambda: logged_event(log, proc, "namesrv.started", timeout_s))
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        d = Daemon(proc, str(started["address"]), log)
+        self.started.append(d)
+        return d
 
     def cleanup(self) -> None:
         for d in self.started:

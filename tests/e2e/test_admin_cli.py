@@ -396,8 +396,9 @@ def _start_broker(base: Path, name: str, *args: str) -> tuple[subprocess.Popen[b
 
 
 async def _address(proc: subprocess.Popen[bytes], addr_file: Path) -> str:
-    return await trio.to_thread.run_sync(lambda: listened_address(addr_file, proc, 20, log=addr_file.parent.parent
-                                                                  / f"{addr_file.parent.name}.log"))
+    store = addr_file.parent
+    log = store.parent / f"{store.name}.log"  # (where _start_broker writes it)
+    return await trio.to_thread.run_sync(lambda: listened_address(addr_file, proc, 20, log=log))
 
 
 async def test_two_brokers_merge_per_broker_answers(tmp_path: Path) -> None:

@@ -430,7 +430,7 @@ def run_row(args: argparse.Namespace, name: str, workroot: str, broker: str | No
                 prod = start_recorded(producers, lambda: _spawn(args, "produce", outdir, flags))
         if mode != "backlog":
             row["producer_rc"] = _stop(prod, args.deadline_s + 60)
-        row["consumer_rc"] = [_stop(p, args.deadline_s + 60) for p in procs[:CONSUMERS]]
+        row["consumer_rc"] = [_stop(p, args.deadline_s + 60) for p in procs]
     except Exception as exc:
         row["error"] = repr(exc)
     finally:

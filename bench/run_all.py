@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO, RESULTS, HarnessMissingError, load_harness
-from bench.stop_signals import end_child, raise_on_stop_signals, start_recorded
+from bench.stop_signals import children_ended_on_error, end_child, raise_on_stop_signals, start_recorded
 
 STEP_TIMEOUT_S = 1500
 
@@ -92,23 +92,19 @@ STEP_STOP_GRACE_S = 60.0
 
 def run_step(name: str, cmd: list[str], timeout: float = STEP_TIMEOUT_S) -> int:
     log(f"{name}: {' '.join(cmd)}")
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        return start_recorded(started, lambda: subprocess.Popen(cmd, cwd=str(REPO))).wait(timeout)
-    except subprocess.TimeoutExpired:
-        log(f"{name}: timed out after {timeout:.0f} s")
-        end_child(started[0], STEP_STOP_GRACE_S)
-        return -1
-    except KeyboardInterrupt:  # the terminal's ^C reached the step too: let it end what it started undisturbed
-        for proc in started:
+    # this run told to stop (SIGTERM, hang-up, ^C): the step is told to stop too, and ends what it started first
+    with children_ended_on_error(STEP_STOP_GRACE_S) as started:
+        step = start_recorded(started, lambda: subprocess.Popen(cmd, cwd=str(REPO)))
+        try:
+            return step.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log(f"{name}: timed out after {timeout:.0f} s")
+            end_child(step, STEP_STOP_GRACE_S)
+            return -1
+        except KeyboardInterrupt:  # the terminal's ^C reached the step too: let it end what it started undisturbed
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(STEP_STOP_GRACE_S)
-            end_child(proc, STEP_STOP_GRACE_S)
-        raise
-    except BaseException:  # this run told to stop (SIGTERM, hang-up): the step ends what it started first
-        for proc in started:
-            end_child(proc, STEP_STOP_GRACE_S)
-        raise
+                step.wait(STEP_STOP_GRACE_S)
+            raise
 
 
 def py(*args: str) -> list[str]:

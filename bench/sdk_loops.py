@@ -40,7 +40,7 @@ from typing import Any
 from bench.harness import REPO, RESULTS
 from bench.peer_trimq import start_broker_on_own_port
 from bench.sampler import sampled_if_asked
-from bench.stop_signals import raise_on_stop_signals, start_recorded
+from bench.stop_signals import kill_children, raise_on_stop_signals, start_recorded
 
 HOST = "127.0.0.1"
 QUEUES = 8
@@ -214,10 +214,7 @@ def one_run(args: argparse.Namespace, workdir: str, profile: str, loop: str, ind
                 sys.stderr.write(producer.stderr.decode(errors="replace"))
             consumer.wait(timeout=args.seconds * 4 + 60)
         finally:
-            for consumer in consumers:
-                if consumer.poll() is None:
-                    consumer.kill()  # our own child, by PID
-                    consumer.wait()
+            kill_children(consumers)
     try:
         with open(os.path.join(outdir, "consumer.json")) as f:
             rec: dict[str, Any] = json.load(f)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.stop_signals import end_child, raise_on_stop_signals, start_recorded
+from bench.stop_signals import children_ended_on_error, raise_on_stop_signals, start_recorded
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -103,10 +103,10 @@ def run_timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    procs: list[subprocess.Popen[str]] = []
     seen: dict[int, float] = {}
     stop = threading.Event()
-    try:
+    # ^C, SIGTERM or a hang-up: the audit is told to stop, and ends its Spark session (and JVM) first
+    with children_ended_on_error(30) as procs:
         proc = start_recorded(procs, lambda: subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                                               stderr=subprocess.PIPE, text=True))
 
@@ -127,13 +127,10 @@ def run_timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        out, err = proc.communicate()
-    except BaseException:  # ^C, SIGTERM or a hang-up: the audit ends its Spark session (and JVM) first
-        for child in procs:
-            end_child(child, 30)
-        raise
-    finally:
-        stop.set()
+        try:
+            out, err = proc.communicate()
+        finally:
+            stop.set()
     sampler.join()
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

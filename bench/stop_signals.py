@@ -102,6 +102,20 @@ def start_recorded(started: list[T], start: Callable[[], T]) -> T:
     return child
 
 
+@contextmanager
+def children_ended_on_error(grace_s: float = 60.0) -> Iterator[list[subprocess.Popen[Any]]]:
+    """A list to record children on (:func:`start_recorded`); when the block raises (a stop signal, a ^C, an
+    error), each child on it is told to stop (:func:`end_child`, SIGKILL after ``grace_s``) before the exception
+    goes on: a bench run or an audit ends what it started itself."""
+    started: list[subprocess.Popen[Any]] = []
+    try:
+        yield started
+    except BaseException:
+        for child in started:
+            end_child(child, grace_s)
+        raise
+
+
 def kill_children(children: list[subprocess.Popen[Any]]) -> None:
     """SIGKILL each child still running and reap it: clients that hold nothing to hand back (the servers they used
     are ended with :func:`end_child`, or their harness's ``stop``)."""

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.stop_signals import end_child, raise_on_stop_signals, start_recorded
+from bench.stop_signals import children_ended_on_error, raise_on_stop_signals, start_recorded
 
 #: Command lines of a run's processes: the servers and the harness's role processes (not the orchestrator).
 PROCESS_PATTERN = re.compile(r"redis-server|trimq-broker|instrumented_broker|bench\.peer_bench role")
@@ -112,17 +112,12 @@ def count_switches(cmd: list[str], cwd: Path = _REPO) -> dict[str, int]:
     """Run ``cmd`` and poll its process tree until it ends; the switches per role. Raises RuntimeError when it
     exits with an error."""
     counter = SwitchCounter()
-    runs: list[subprocess.Popen[bytes]] = []
-    try:
+    with children_ended_on_error() as runs:  # ^C, SIGTERM or a hang-up: the run ends its brokers and clients first
         run = start_recorded(runs, lambda: subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL,
                                                             stderr=subprocess.DEVNULL))
         while run.poll() is None:
             counter.poll(run.pid)
             time.sleep(0.01)
-    except BaseException:  # ^C, SIGTERM or a hang-up: the run ends its brokers and clients first
-        for child in runs:
-            end_child(child)
-        raise
     if run.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited with {run.returncode}")
     return counter.by_role()

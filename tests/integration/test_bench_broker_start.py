@@ -232,3 +232,19 @@ def test_an_address_file_without_a_port_is_an_error_and_the_process_is_stopped(t
     assert time.monotonic() - began < 20  # the file was read and refused: no wait for the 30 s
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)  # stopped and reaped
+
+
+def test_a_storage_bench_broker_that_cannot_start_says_why_and_leaves_nothing_open(tmp_path: Path) -> None:
+    """bench.storage_bench's BrokerProc: a broker that exits before it listens (a bad flag here) is an error at once,
+    quoting the broker's own words, with its log file closed (its error path ends the process and closes the log)."""
+    from bench.storage_bench import BrokerProc
+    from trimq.testing.processes import DaemonNotReadyError
+
+    store = tmp_path / "store"
+    with pytest.raises(DaemonNotReadyError, match=r"exited with 2 before it could listen") as raised:
+        BrokerProc(store, "bogus")
+    assert "Invalid value for '--flush'" in str(raised.value)
+    log = tmp_path / "store.log"  # (raised keeps the failed constructor's frame, and with it any file left open)
+    open_files = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                  if os.path.exists(f"/proc/self/fd/{fd}")}
+    assert str(log) not in open_files

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.stop_signals import end_child, kill_children, raise_on_stop_signals, start_recorded, stop_signals_held
+from bench.stop_signals import (
+    children_ended_on_error,
+    end_child,
+    kill_children,
+    raise_on_stop_signals,
+    start_recorded,
+    stop_signals_held,
+)
 from tests.chaos.scenario import HarnessStopped
 
 
@@ -114,13 +121,15 @@ def test_a_child_whose_start_was_stopped_is_recorded() -> None:
 
 
 STEP = """
-import signal, sys, time
+import os, signal, sys, time
 from pathlib import Path
 def ended(signum, frame):
-    Path(sys.argv[1]).write_text(signal.Signals(signum).name)  # a real step ends its brokers and clients here
+    time.sleep(0.3)  # a real step ends its brokers and clients here; a second signal meanwhile would cut it short
+    Path(sys.argv[1]).write_text(signal.Signals(signum).name)
     sys.exit(0)
 signal.signal(signal.SIGTERM, ended)
-Path(sys.argv[1] + ".ready").touch()
+signal.signal(signal.SIGINT, ended)
+Path(sys.argv[1] + ".ready").write_text(str(os.getpid()))
 time.sleep(60)
 """
 
@@ -155,6 +164,41 @@ def test_a_stopped_run_tells_its_step_to_stop(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="SIGTERM"), raise_on_stop_signals(SystemExit):
         run_all.run_step("step", [sys.executable, "-c", STEP, str(mark)], timeout=30)
     assert mark.read_text() == "SIGTERM"
+
+
+def test_after_a_ctrl_c_the_step_ends_what_it_started_undisturbed(tmp_path: Path) -> None:
+    # The terminal's ^C reaches the step and bench.run_all alike: run_all waits for the step to end its brokers and
+    # clients instead of breaking into that with a SIGTERM.
+    from bench import run_all
+
+    mark = tmp_path / "ended"
+
+    def ctrl_c() -> None:
+        deadline = time.monotonic() + 10
+        while not (Path(f"{mark}.ready").exists() and Path(f"{mark}.ready").read_text()) and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(int(Path(f"{mark}.ready").read_text()), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_all.run_step("step", [sys.executable, "-c", STEP, str(mark)], timeout=30)
+    assert mark.read_text() == "SIGINT"
+
+
+def test_children_are_told_to_stop_when_the_block_raises_and_left_when_it_does_not() -> None:
+    with children_ended_on_error(5) as started:
+        kept = start_recorded(started, lambda: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    assert kept.poll() is None
+    try:
+        with pytest.raises(ValueError), children_ended_on_error(5) as started:
+            child = start_recorded(started, lambda: subprocess.Popen([sys.executable, "-c",
+                                                                      "import time; time.sleep(60)"]))
+            raise ValueError("the run failed")
+        assert child.returncode == -signal.SIGTERM
+    finally:
+        kill_children([kept])
 
 
 def test_a_second_stop_does_not_break_into_the_cleanup_of_the_first() -> None:

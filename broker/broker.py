@@ -63,6 +63,8 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         config.validate()
+        if os.path.exists(config.store_dir) and not os.path.isdir(config.store_dir):
+            raise ConfigError(f"store_dir = {config.store_dir!r}: exists and is not a directory")
         self.config = config
         self.server = server = RemotingServer(
             name=config.broker_name,

@@ -39,7 +39,11 @@ async def open_listeners(listen: str, ssl_context: ssl.SSLContext | None = None)
     """TCP listeners on ``listen`` (``HOST:PORT``; port 0 picks a free one), speaking TLS with ``ssl_context``.
     Opened before any service starts, so a port in use stops the daemon before it touches its state."""
     host, port = parse_address(listen)
-    listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        # The bare error ("Name or service not known", "Address already in use") does not say which address.
+        raise OSError(exc.errno, f"cannot listen on {listen}: {exc.strerror or exc}") from exc
     return tls_listeners(listeners, ssl_context) if ssl_context is not None else listeners
 
 

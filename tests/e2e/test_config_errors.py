@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -173,3 +174,30 @@ def test_consumer_refuses_bad_configuration(tmp_path: Path) -> None:
               env={"TRIMQ_CLIENT_NAMESRV_ADDR": "127.0.0.1:1", "TRIMQ_CLIENT_SEND_MSG_TIMEOUT": "never"})
     assert out.returncode == 2, out.stderr
     assert "send_msg_timeout = 'never'" in out.stderr
+
+
+def test_start_errors_name_the_store_and_the_address(tmp_path: Path) -> None:
+    """What stops a daemon at start says which path or address: a store path that is a file was "[Errno 17] File
+    exists: 'x'", a listen address that cannot be bound "[Errno 98] Address already in use" without the address
+    (found by hand)."""
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        runs = {
+            "store-is-a-file": ("trimq-broker", ["--store", str(a_file), "--listen", "127.0.0.1:0"]),
+            "broker-port-taken": ("trimq-broker", ["--store", str(tmp_path / "store"), "--listen", busy]),
+            "namesrv-port-taken": ("trimq-namesrv", ["--listen", busy]),
+        }
+        procs = {name: subprocess.Popen([str(BIN / tool), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        text=True, cwd=tmp_path)
+                 for name, (tool, args) in runs.items()}
+        said = {name: (p.communicate(timeout=120)[1].strip().splitlines()[-1], p.returncode)
+                for name, p in procs.items()}
+    assert said["store-is-a-file"] == (
+        f"trimq-broker: invalid configuration: store_dir = '{a_file}': exists and is not a directory", 2)
+    for name, tool in (("broker-port-taken", "trimq-broker"), ("namesrv-port-taken", "trimq-namesrv")):
+        assert said[name] == (f"{tool}: cannot start: [Errno 98] cannot listen on {busy}: Address already in use", 1)
+    assert not (tmp_path / "store").exists()  # the listener is opened before the store

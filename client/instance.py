@@ -251,6 +251,8 @@ class ClientInstance:
         self.topic_route_table: dict[str, TopicRouteData] = {}
         self.broker_addr_table: dict[str, dict[int, str]] = {}
         self.topic_publish_info_table: dict[str, TopicPublishInfo] = {}
+        self.route_fetch_errors: dict[str, str] = {}
+        """Topic -> why its last route fetch got no answer from any name server (gone once one answers)."""
         self.producers: dict[str, ProducerInner] = {}
         self.consumers: dict[str, ConsumerInner] = {}
         self._namesrv_index = random.randrange(1 << 16)
@@ -444,14 +446,17 @@ class ClientInstance:
                 else:
                     route = await self._fetch_route(topic)
             except TopicNotExistError:
+                self.route_fetch_errors.pop(topic, None)
                 if not is_retry_topic(topic):
                     log_rate_limited(self._rate, ("no_route", topic), _now_ms(), log.warning,
                                      "route.topic_not_exist", topic=topic)
                 return False
             except (RemotingError, MQBrokerError, MQClientError) as exc:
+                self.route_fetch_errors[topic] = str(exc)
                 log_rate_limited(self._rate, ("route_failed", topic), _now_ms(), log.warning,
                                  "route.update_failed", topic=topic, error=str(exc))
                 return False
+            self.route_fetch_errors.pop(topic, None)
             self._apply_route(topic, route, from_default=bool(default_topic))
             return True
 

@@ -449,6 +449,10 @@ class Producer:
                 down = ", ".join(sorted(bd.broker_name for bd in route.broker_datas if not bd.master_addr))
                 raise NoRouteError(topic, f"no broker of it has a master now (down: {down}; their slaves serve reads "
                                           "but not sends)")
+            failed = client.route_fetch_errors.get(topic)
+            if failed is not None:  # not "unknown": no name server answered the question
+                raise NoRouteError(topic, f"its route could not be fetched from the name server "
+                                          f"({';'.join(client.config.namesrv_addrs)}): {failed}")
             raise NoRouteError(topic, "the name server does not know it and it cannot be auto-created")
         return info
 

@@ -11,6 +11,7 @@ pending requests with RemotingConnectError and is replaced on the next call.
 from __future__ import annotations
 
 import itertools
+import os
 import ssl
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -275,7 +276,7 @@ class RemotingClient:
                 raise RemotingConnectError(f"connecting to {addr} timed out after {self.connect_timeout_s}s") from None
             except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
                 # trio wraps a failed TLS handshake in an empty BrokenResourceError: report the SSL error
-                raise RemotingConnectError(f"cannot connect to {addr}: {str(exc) or exc.__cause__!r}") from None
+                raise RemotingConnectError(f"cannot connect to {addr}: {connect_error_text(exc)}") from None
             ch = _Channel(self, addr, stream)
             self._channels[addr] = ch
             self._nursery.start_soon(self._run_channel, ch)
@@ -388,6 +389,18 @@ def _notify(listeners: list[Callable[[str], None]], addr: str, failed_event: str
             log.exception(failed_event, addr=addr)
 
 
+def connect_error_text(exc: BaseException) -> str:
+    """Why a connection could not be made, in the system's words. trio's "all attempts to connect to H:P failed"
+    keeps each address's reason ("Connection refused", ...) in its cause, and a failed TLS handshake is an empty
+    BrokenResourceError whose cause is the SSL error."""
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        reasons = dict.fromkeys(
+            os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e) or repr(e) for e in cause.exceptions)
+        return "; ".join(reasons)
+    return str(exc) or repr(cause)
+
+
 def _nodelay(stream: trio.SocketStream) -> None:
     import socket
 
@@ -404,4 +417,5 @@ __all__ = [
     "RemotingError",
     "RemotingTimeoutError",
     "ServerRequestHandler",
+    "connect_error_text",
 ]

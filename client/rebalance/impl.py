@@ -259,6 +259,11 @@ class RebalanceImpl:
             self.heartbeat_needed = False
             await self.client.send_heartbeat_to_all_brokers()
 
+    def _route_error(self, topic: str) -> str | None:
+        """Why no name server answered for ``topic``'s route, if that is why it has no queues (not "unknown")."""
+        errors: dict[str, str] = getattr(self.client, "route_fetch_errors", {})
+        return errors.get(topic)
+
     async def rebalance_by_topic(self, topic: str, is_order: bool) -> bool:
         """Rebalance one topic; returns whether the held queues now equal the allocation ("balanced")."""
         mq_set = self.topic_subscribe_info_table.get(topic)
@@ -266,7 +271,8 @@ class RebalanceImpl:
             if mq_set is None:
                 self.message_queue_changed(topic, set(), set())
                 log_rate_limited(self._rate, ("no_topic", topic), self.clock(), log.warning,
-                                 "rebalance.topic_not_exist", group=self.consumer_group, topic=topic)
+                                 "rebalance.topic_not_exist", group=self.consumer_group, topic=topic,
+                                 route_error=self._route_error(topic))
                 return False
             if await self.update_process_queue_table_in_rebalance(topic, set(mq_set), is_order):
                 self.message_queue_changed(topic, mq_set, mq_set)
@@ -279,7 +285,8 @@ class RebalanceImpl:
             if not is_retry_topic(topic):
                 self.message_queue_changed(topic, set(), set())
                 log_rate_limited(self._rate, ("no_topic", topic), self.clock(), log.warning,
-                                 "rebalance.topic_not_exist", group=self.consumer_group, topic=topic)
+                                 "rebalance.topic_not_exist", group=self.consumer_group, topic=topic,
+                                 route_error=self._route_error(topic))
             return False
         cid_all = await self.client.find_consumer_id_list(topic, self.consumer_group)
         if cid_all is None:

@@ -24,7 +24,13 @@ from trimq.broker.config import BrokerConfig
 from trimq.client.api import SendStatus
 from trimq.client.config import ClientConfig, ProducerConfig, PushConsumerConfig
 from trimq.client.consumer_core import ConsumerCore
-from trimq.client.errors import EmptyBodyError, InvalidTopicError, MessageTooLargeError, OffsetNotFoundError
+from trimq.client.errors import (
+    EmptyBodyError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    NoRouteError,
+    OffsetNotFoundError,
+)
 from trimq.client.instance import ClientInstance
 from trimq.client.process_queue import ProcessQueue
 from trimq.client.producer import Producer
@@ -366,3 +372,25 @@ async def test_delayed_message_arrives_after_its_delay_level(tmp_path: Path) -> 
             assert msg.get_property("REAL_TOPIC") == TOPIC  # it went through the schedule topic
             assert msg.store_timestamp - msg.born_timestamp >= 900  # it waited for its delay level
             await member.leave()
+
+
+async def test_a_send_without_a_route_says_whether_the_name_server_answered(tmp_path: Path) -> None:
+    """Unreachable is not unknown: a name server that cannot be reached was reported as one that "does not know"
+    the topic (found by hand, trimq-producer --namesrv at a closed port)."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    closed = f"127.0.0.1:{listener.socket.getsockname()[1]}"
+    await listener.aclose()
+    async with Producer(ProducerConfig(namesrv_addr=closed, producer_group="e2e_producer")) as producer:
+        with pytest.raises(NoRouteError) as raised:
+            await producer.send(Message(TOPIC, b"x"))
+    assert str(raised.value) == (f"no route info of topic {TOPIC!r}: its route could not be fetched from the name "
+                                 f"server ({closed}): cannot connect to {closed}: Connection refused")
+
+    config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"), embedded_namesrv=True)
+    async with open_broker(config) as broker:
+        no_auto_create = ProducerConfig(namesrv_addr=broker.address, producer_group="e2e_producer", create_topic_key="")
+        async with Producer(no_auto_create) as producer:
+            with pytest.raises(NoRouteError) as raised:
+                await producer.send(Message(TOPIC, b"x"))
+            assert "the name server does not know it" in str(raised.value)
+            assert producer._client().route_fetch_errors == {}

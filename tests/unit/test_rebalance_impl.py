@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from trimq.client.config import PushConsumerConfig
 from trimq.client.errors import MQBrokerError, OffsetUnavailableError
@@ -68,6 +69,7 @@ class FakeClient:
         self.lock_calls: list[tuple[str, list[MessageQueue]]] = []
         self.unlock_calls: list[tuple[float, list[MessageQueue]]] = []
         self.heartbeats = 0
+        self.route_fetch_errors: dict[str, str] = {}
 
     async def find_broker_addr(self, broker_name: str, topic: str | None = None) -> str | None:
         return f"{broker_name}:10911"
@@ -370,6 +372,21 @@ async def test_allocation_failure_aborts_the_topic(autojump_clock: Any) -> None:
     rb.strategy = get_strategy("AVG")
     assert not await rb.rebalance_by_topic(T, False)
     assert set(rb.process_queue_table) == {mq(0)}
+
+
+async def test_a_topic_without_queues_says_why_no_name_server_answered(autojump_clock: Any) -> None:
+    """"topic not exist" while the name server was unreachable named no cause; the route's error is logged with it."""
+    rb, client, _, _ = make()
+    del rb.topic_subscribe_info_table[T]
+    with capture_logs() as logs:
+        assert not await rb.rebalance_by_topic(T, False)
+    assert [e.get("route_error") for e in logs if e["event"] == "rebalance.topic_not_exist"] == [None]
+    client.route_fetch_errors = {T: "cannot connect to ns:9876: Connection refused"}
+    await trio.sleep(11)  # (the warning is rate-limited per topic: once per 10 s)
+    with capture_logs() as logs:
+        assert not await rb.rebalance_by_topic(T, False)
+    assert [e.get("route_error") for e in logs if e["event"] == "rebalance.topic_not_exist"] == [
+        "cannot connect to ns:9876: Connection refused"]
 
 
 async def test_broadcasting_takes_every_queue(autojump_clock: Any) -> None:

@@ -18,7 +18,7 @@ from trimq.protocol.address import parse_address
 from trimq.runtime.logs import get_logger
 from trimq.runtime.tls import tls_listeners
 
-__all__ = ["Service", "open_listeners", "run_services"]
+__all__ = ["Service", "listen_tcp", "open_listeners", "run_services"]
 
 log = get_logger("trimq.daemon")
 
@@ -39,12 +39,20 @@ async def open_listeners(listen: str, ssl_context: ssl.SSLContext | None = None)
     """TCP listeners on ``listen`` (``HOST:PORT``; port 0 picks a free one), speaking TLS with ``ssl_context``.
     Opened before any service starts, so a port in use stops the daemon before it touches its state."""
     host, port = parse_address(listen)
+    listeners = await listen_tcp(host, port)
+    return tls_listeners(listeners, ssl_context) if ssl_context is not None else listeners
+
+
+async def listen_tcp(host: str, port: int, purpose: str = "") -> list[Any]:
+    """``trio.open_tcp_listeners(port, host=host)``, whose OSError ("Address already in use", "Name or service not
+    known") does not say which address: raised again as ``cannot listen on HOST:PORT[ for PURPOSE]: reason``, the
+    errno kept. A daemon opens several (requests, metrics, HA replication), so the message says which one."""
     try:
         listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
-        # The bare error ("Name or service not known", "Address already in use") does not say which address.
-        raise OSError(exc.errno, f"cannot listen on {listen}: {exc.strerror or exc}") from exc
-    return tls_listeners(listeners, ssl_context) if ssl_context is not None else listeners
+        what = f" for {purpose}" if purpose else ""
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}{what}: {exc.strerror or exc}") from exc
+    return listeners
 
 
 async def run_services(services: Sequence[Service], serve: Callable[[], Awaitable[None]], *,

@@ -20,6 +20,8 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from trimq.runtime.daemon import listen_tcp
+
 __all__ = ["MAX_REQUEST_BYTES", "answer", "render", "serve_metrics"]
 
 MAX_REQUEST_BYTES = 8192
@@ -67,7 +69,7 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int, *,
 
     ``healthy()`` answers /healthz (None: healthy whenever the endpoint itself is up).
     """
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners = await listen_tcp(host, port, "metrics")
     addr = listeners[0].socket.getsockname()[:2]
     if task_status is not None:
         task_status.started((addr[0], addr[1]))

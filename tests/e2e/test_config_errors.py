@@ -178,26 +178,41 @@ def test_consumer_refuses_bad_configuration(tmp_path: Path) -> None:
 
 def test_start_errors_name_the_store_and_the_address(tmp_path: Path) -> None:
     """What stops a daemon at start says which path or address: a store path that is a file was "[Errno 17] File
-    exists: 'x'", a listen address that cannot be bound "[Errno 98] Address already in use" without the address
-    (found by hand)."""
+    exists: 'x'", a port that cannot be bound (requests, metrics, HA replication) "[Errno 98] Address already in
+    use", saying neither the address nor which of its listeners (found by hand)."""
     a_file = tmp_path / "not-a-dir"
     a_file.write_text("")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        busy = f"127.0.0.1:{taken.getsockname()[1]}"
-        runs = {
-            "store-is-a-file": ("trimq-broker", ["--store", str(a_file), "--listen", "127.0.0.1:0"]),
-            "broker-port-taken": ("trimq-broker", ["--store", str(tmp_path / "store"), "--listen", busy]),
-            "namesrv-port-taken": ("trimq-namesrv", ["--listen", busy]),
+        port = str(taken.getsockname()[1])
+        busy = f"127.0.0.1:{port}"
+        store = ["--store", str(tmp_path / "store")]
+        free = ["--listen", "127.0.0.1:0"]
+        runs: dict[str, tuple[str, list[str], dict[str, str]]] = {
+            "store-is-a-file": ("trimq-broker", ["--store", str(a_file), *free], {}),
+            "broker-port-taken": ("trimq-broker", [*store, "--listen", busy], {}),
+            "namesrv-port-taken": ("trimq-namesrv", ["--listen", busy], {}),
+            "broker-metrics-taken": ("trimq-broker", [*store, *free, "--metrics-port", port], {}),
+            "namesrv-metrics-taken": ("trimq-namesrv", [*free, "--metrics-port", port], {}),
+            "broker-ha-taken": ("trimq-broker", [*store, *free], {"TRIMQ_BROKER_HA_LISTEN_PORT": port}),
         }
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")}
         procs = {name: subprocess.Popen([str(BIN / tool), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        text=True, cwd=tmp_path)
-                 for name, (tool, args) in runs.items()}
+                                        text=True, cwd=tmp_path, env={**clean, **env})
+                 for name, (tool, args, env) in runs.items()}
         said = {name: (p.communicate(timeout=120)[1].strip().splitlines()[-1], p.returncode)
                 for name, p in procs.items()}
-    assert said["store-is-a-file"] == (
+    assert said.pop("store-is-a-file") == (
         f"trimq-broker: invalid configuration: store_dir = '{a_file}': exists and is not a directory", 2)
-    for name, tool in (("broker-port-taken", "trimq-broker"), ("namesrv-port-taken", "trimq-namesrv")):
-        assert said[name] == (f"{tool}: cannot start: [Errno 98] cannot listen on {busy}: Address already in use", 1)
-    assert not (tmp_path / "store").exists()  # the listener is opened before the store
+    in_use = "Address already in use"
+    assert said == {
+        "broker-port-taken": (f"trimq-broker: cannot start: [Errno 98] cannot listen on {busy}: {in_use}", 1),
+        "namesrv-port-taken": (f"trimq-namesrv: cannot start: [Errno 98] cannot listen on {busy}: {in_use}", 1),
+        "broker-metrics-taken": (f"trimq-broker: cannot start: [Errno 98] cannot listen on {busy} for metrics: "
+                                 f"{in_use}", 1),
+        "namesrv-metrics-taken": (f"trimq-namesrv: cannot start: [Errno 98] cannot listen on {busy} for metrics: "
+                                  f"{in_use}", 1),
+        "broker-ha-taken": (f"trimq-broker: cannot start: [Errno 98] cannot listen on {busy} for HA replication: "
+                            f"{in_use}", 1),
+    }

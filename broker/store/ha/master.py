@@ -35,6 +35,7 @@ from trimq.broker.store.ha.codec import (
 )
 from trimq.broker.store.ha.history import HAState, truncation_point
 from trimq.broker.store.store_base import PutMessageStatus
+from trimq.runtime.daemon import listen_tcp
 from trimq.runtime.logs import get_logger
 from trimq.runtime.tls import tls_listeners
 
@@ -107,7 +108,7 @@ class HAService:
     # -- serving -----------------------------------------------------------------------------------------
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on the HA port and serve slaves until cancelled."""
-        tcp = await trio.open_tcp_listeners(self.port, host=self.host)
+        tcp = await listen_tcp(self.host, self.port, "HA replication")
         self.port = tcp[0].socket.getsockname()[1]
         self.bound.set()
         log.info("ha.listening", host=self.host, port=self.port, tls=self.ssl_context is not None)

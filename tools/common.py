@@ -16,6 +16,7 @@ import click
 import trio
 
 import trimq
+from trimq.broker.store.atomic import StateFileError
 from trimq.client.config import ConfigError, load_client_settings
 from trimq.client.errors import TrimqClientError
 from trimq.runtime.logs import get_logger
@@ -117,11 +118,12 @@ class Progress:
 # --- the daemons ---------------------------------------------------------------------------------------
 
 
-def start_error(exc: BaseException) -> OSError | None:
-    """The OSError (port in use, store locked, ...) inside the nursery exception groups, if that is what
-    stopped the daemon: reported as one line, not a traceback."""
+def start_error(exc: BaseException) -> OSError | StateFileError | None:
+    """What stopped the daemon, found inside the nursery exception groups, if it is a reason and not a bug: an
+    OSError (a port in use, a store locked by another broker, a missing segment) or a state file the broker
+    will not start without (``topics.json`` that is not JSON, ...). Reported as one line, not a traceback."""
     error = leaf(exc)
-    return error if isinstance(error, OSError) else None
+    return error if isinstance(error, OSError | StateFileError) else None
 
 
 async def run_until_signalled(runner: Callable[[], Awaitable[Any]], shutdown: Callable[[], Any]) -> None:

@@ -36,7 +36,7 @@ import trio
 
 from trimq.broker.config import BrokerConfig
 from trimq.broker.deps import DeadLetterStore, HandlerRegistry, SubscriptionGroups, Topics
-from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.atomic import StateFileError, read_json, write_json_atomic
 from trimq.broker.store.index_dispatch import QueryMessageResult
 from trimq.broker.store.schedule import SCHEDULE_OFFSET_PROPERTY, read_units
 from trimq.broker.store.subscription_groups import SubscriptionGroupConfig
@@ -267,7 +267,7 @@ class DlqResendTracker:
             return
         table = data.get("resendTable") if isinstance(data, dict) else None
         if not isinstance(table, dict):
-            raise ValueError(f"{self.path}: expected a map with a 'resendTable' map")
+            raise StateFileError(f"{self.path}: expected a map with a 'resendTable' map")
         for group, entry in table.items():
             try:
                 offset = entry["offset"]
@@ -276,7 +276,7 @@ class DlqResendTracker:
                         isinstance(x, int) and x >= 0 for x in resent):
                     raise TypeError
             except (TypeError, KeyError, AttributeError):
-                raise ValueError(f"{self.path}: bad entry for group {group!r}") from None
+                raise StateFileError(f"{self.path}: bad entry for group {group!r}") from None
             self.groups[group] = _GroupResend(offset, set(resent))
 
     def group(self, group: str) -> _GroupResend:

@@ -14,7 +14,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fsync_dir", "read_json", "write_bytes_atomic", "write_json_atomic"]
+__all__ = ["StateFileError", "fsync_dir", "read_json", "write_bytes_atomic", "write_json_atomic"]
+
+
+class StateFileError(ValueError):
+    """A state file (topics, offsets, epochs, ...) exists but does not hold what it should. The broker refuses to
+    start rather than start without it, which would lose that state unnoticed; the message names the file, and
+    ``trimq-broker`` reports it in one line (``cannot start: ...``), as it does a port in use."""
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -65,7 +71,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
 def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
     """Read a JSON file written by :func:`write_json_atomic`; ``default`` when it does not exist.
 
-    A file that exists but does not parse raises ``ValueError`` naming the file: silently starting
+    A file that exists but does not parse raises :class:`StateFileError` naming the file: silently starting
     from ``default`` would lose state (topics, offsets) without anyone noticing.
     """
     p = Path(path)
@@ -74,6 +80,9 @@ def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
     except FileNotFoundError:
         return default
     try:
-        return json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{p}: not valid JSON ({exc})") from exc
+        raise StateFileError(f"{p}: not valid JSON ({exc})") from exc
+    if data is None:  # never written so: read as "no file", it would start every reader from nothing
+        raise StateFileError(f"{p}: holds JSON null, not the state it should")
+    return data

@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.atomic import StateFileError, read_json, write_json_atomic
 
 __all__ = ["BrokerEpochError", "BrokerEpochStore", "EpochStart", "epoch_file_path", "promotion_floor"]
 
@@ -48,7 +48,7 @@ def promotion_floor(master_epoch: int) -> int:
     return floor if 0 < floor <= MAX_BROKER_EPOCH else 0
 
 
-class BrokerEpochError(ValueError):
+class BrokerEpochError(StateFileError):
     """The epoch file exists but does not hold a broker epoch."""
 
 

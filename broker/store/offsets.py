@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.atomic import StateFileError, read_json, write_json_atomic
 from trimq.broker.store.offset_merge import (
     CommitVersion,
     decode_removed,
@@ -75,7 +75,7 @@ TOPIC_GROUP_SEPARATOR = "@"
 REMOVED_OFFSETS_KEPT = 10_000
 
 
-class OffsetStoreError(ValueError):
+class OffsetStoreError(StateFileError):
     """The consumer offset file exists but is not a RocketMQ-style offset table."""
 
 

@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 import trio
 
-from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.atomic import StateFileError, read_json, write_json_atomic
 from trimq.broker.store.consume_queue import UNIT
 from trimq.broker.store.delay_levels import DEFAULT, DelayLevelTable
 from trimq.broker.store.store_base import PutMessageStatus, PutResult
@@ -426,7 +426,10 @@ class ScheduleMessageService:
         """Read delayOffset.json (missing = every level from its queue's start). A bad file raises ValueError:
         guessing would redeliver or skip delayed messages."""
         data = read_json(self.path, default=None)
-        self.offsets = {} if data is None else decode_offset_table(data, source=self.path)
+        try:
+            self.offsets = {} if data is None else decode_offset_table(data, source=self.path)
+        except ValueError as exc:
+            raise StateFileError(str(exc)) from None
         for level in self.table.levels():
             self.offsets.setdefault(level, 0)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.atomic import StateFileError, read_json, write_json_atomic
 from trimq.protocol.validation import InvalidNameError, check_group
 from trimq.runtime.logs import get_logger
 
@@ -154,12 +154,12 @@ class SubscriptionGroupManager:
         if data is None:
             return
         if not isinstance(data, dict) or not isinstance(data.get("subscriptionGroupTable", {}), dict):
-            raise ValueError(f"{self.path}: expected a map with a 'subscriptionGroupTable' map")
+            raise StateFileError(f"{self.path}: expected a map with a 'subscriptionGroupTable' map")
         for group, raw in data.get("subscriptionGroupTable", {}).items():
             try:
                 self.table[group] = SubscriptionGroupConfig.from_wire(raw, group_name=group)
             except ValueError as exc:
-                raise ValueError(f"{self.path}: group {group!r}: {exc}") from None
+                raise StateFileError(f"{self.path}: group {group!r}: {exc}") from None
         dv = data.get("dataVersion")
         if isinstance(dv, dict) and isinstance(dv.get("counter"), int):
             self.data_version = {"counter": dv["counter"], "timestamp": int(dv.get("timestamp") or 0)}

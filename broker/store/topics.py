@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.atomic import StateFileError, read_json, write_json_atomic
 from trimq.protocol.validation import check_topic
 from trimq.runtime.logs import get_logger
 
@@ -137,12 +137,12 @@ class TopicConfigManager:
         if data is not None:
             table = data.get("topicConfigTable", {}) if isinstance(data, dict) else None
             if not isinstance(table, dict):
-                raise ValueError(f"{self.path}: no topicConfigTable map")
+                raise StateFileError(f"{self.path}: no topicConfigTable map")
             for name, raw in table.items():
                 try:
                     self.topics[name] = TopicConfig.from_json(raw).validate()
                 except (KeyError, TypeError, ValueError) as exc:
-                    raise ValueError(f"{self.path}: topic {name!r}: {exc}") from None
+                    raise StateFileError(f"{self.path}: topic {name!r}: {exc}") from None
             dv = data.get("dataVersion")
             if isinstance(dv, dict):
                 self.data_version = {"timestamp": int(dv.get("timestamp", 0)), "counter": int(dv.get("counter", 0))}

@@ -67,8 +67,8 @@ def serve(*, namesrv: str | None, access_key: str | None, secret_key: str | None
     except BaseException as raised:
         error = start_error(raised)
         if error is not None:
-            click.echo(f"trimq-admin: error: cannot serve the console on {listen}: {error.strerror or error}",
-                       err=True)
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            click.echo(f"trimq-admin: error: cannot serve the console on {listen}: {reason}", err=True)
             sys.exit(1)
         if isinstance(leaf(raised), KeyboardInterrupt):
             sys.exit(130)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trimq.broker.store.atomic import read_json, write_json_atomic
+from trimq.broker.store.atomic import StateFileError, read_json, write_json_atomic
 
 __all__ = ["HAState", "ha_state_path", "truncation_point"]
 
@@ -76,7 +76,7 @@ class HAState:
             self.broker_id = int(data.get("brokerId", -1))
             self.history = sorted((int(e), int(s)) for e, s in data.get("epochHistory", []))
         except (AttributeError, TypeError, ValueError) as exc:
-            raise ValueError(f"{self.path}: not an HA state file ({exc})") from None
+            raise StateFileError(f"{self.path}: not an HA state file ({exc})") from None
         return self
 
     def to_json(self) -> dict[str, Any]:

@@ -98,6 +98,7 @@ class _Channel:
         self.stream = stream
         self.pending: dict[int, _Pending] = {}
         self.closed = False
+        self.close_reason = "this client closed it"  # why, said to the requests still waiting for an answer
         self.cancel_scope = trio.CancelScope()
         self._out: list[bytes] = []
         self._wakeup = trio.lowlevel.ParkingLot()
@@ -140,6 +141,7 @@ class _Channel:
                 await self.stream.send_all(b"".join(chunks) if len(chunks) > 1 else chunks[0])
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("connection.broken", addr=self.addr, error=str(exc))
+            self._closing(f"it broke while sending ({exc or type(exc).__name__})")
             self.close()
 
     async def _reader(self, handlers: trio.Nursery) -> None:
@@ -147,14 +149,17 @@ class _Channel:
         while True:
             try:
                 data = await self.stream.receive_some(256 * 1024)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self._closing(f"it broke ({exc or type(exc).__name__})")
                 return
             if not data:
+                self._closing("the peer closed it")
                 return
             try:
                 cmds = decoder.feed(data)
             except ProtocolError as exc:
                 log.warning("connection.protocol_error", addr=self.addr, error=str(exc))
+                self._closing(f"the peer sent what is not a trimq frame ({exc})")
                 return
             pending = self.pending
             for cmd in cmds:
@@ -164,6 +169,10 @@ class _Channel:
                         waiter.send_nowait(cmd)
                 else:
                     handlers.start_soon(self._serve_request, cmd)
+
+    def _closing(self, reason: str) -> None:
+        if not self.closed:
+            self.close_reason = reason
 
     async def _serve_request(self, cmd: RemotingCommand) -> None:
         handler = self.client._handlers.get(cmd.code)
@@ -312,9 +321,8 @@ class RemotingClient:
             with trio.move_on_after(timeout) as scope:
                 resp = await waiter.wait()
                 if resp is None:
-                    raise RemotingConnectError(
-                        f"connection to {addr} closed while waiting for {code_name(cmd.code, response=False)}"
-                    )
+                    raise RemotingConnectError(f"connection to {addr} lost while waiting for "
+                                               f"{code_name(cmd.code, response=False)}: {ch.close_reason}")
                 return resp
             assert scope.cancelled_caught
             raise RemotingTimeoutError(
@@ -356,7 +364,8 @@ class RemotingClient:
                 if waiter.response is not None:
                     out.append(waiter.response)
                 elif waiter.closed:
-                    out.append(RemotingConnectError(f"connection to {addr} closed while waiting for {what}"))
+                    out.append(RemotingConnectError(f"connection to {addr} lost while waiting for {what}: "
+                                                    f"{ch.close_reason}"))
                 else:
                     out.append(RemotingTimeoutError(f"{what} to {addr} got no response within {timeout}s"))
             return out

@@ -172,6 +172,32 @@ async def test_connect_error_is_specific() -> None:
         assert str(raised.value) == f"cannot connect to 127.0.0.1:{port}: Connection refused"
 
 
+@pytest.mark.parametrize(("answer", "reason"), [
+    (b"", "the peer closed it"),
+    (b"\x00\x00\x00\x08garbage!", "the peer sent what is not a trimq frame (frame payload is not one msgpack value"),
+])
+async def test_a_connection_lost_while_waiting_says_why(answer: bytes, reason: str) -> None:
+    """A peer that closes the connection, or answers with what is not a frame, was "closed while waiting" for
+    both: the waiting request now says which (found by hand, a name server address that was something else)."""
+    async def peer(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        if answer:
+            await stream.send_all(answer)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, peer, 0)
+        addr = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        async with RemotingClient() as rc:
+            with pytest.raises(RemotingConnectError) as raised:
+                await rc.invoke(addr, RemotingCommand.request(ECHO), timeout_s=5)
+            assert str(raised.value).startswith(f"connection to {addr} lost while waiting for {ECHO}: "
+                                                f"{reason}"), str(raised.value)
+            [error] = await rc.invoke_many(addr, [RemotingCommand.request(ECHO)], timeout_s=5)
+            assert isinstance(error, RemotingConnectError) and reason in str(error), str(error)
+        nursery.cancel_scope.cancel()
+
+
 async def test_server_initiated_request_reaches_client_handler() -> None:
     async with trio.open_nursery() as nursery:
         server = await start_server(nursery)

@@ -187,15 +187,18 @@ def test_start_errors_name_the_store_and_the_address(tmp_path: Path) -> None:
         taken.listen()
         port = str(taken.getsockname()[1])
         busy = f"127.0.0.1:{port}"
-        store = ["--store", str(tmp_path / "store")]
         free = ["--listen", "127.0.0.1:0"]
+
+        def store(name: str) -> list[str]:  # one each: brokers on one store refuse each other (its lock)
+            return ["--store", str(tmp_path / name)]
+
         runs: dict[str, tuple[str, list[str], dict[str, str]]] = {
             "store-is-a-file": ("trimq-broker", ["--store", str(a_file), *free], {}),
-            "broker-port-taken": ("trimq-broker", [*store, "--listen", busy], {}),
+            "broker-port-taken": ("trimq-broker", [*store("s1"), "--listen", busy], {}),
             "namesrv-port-taken": ("trimq-namesrv", ["--listen", busy], {}),
-            "broker-metrics-taken": ("trimq-broker", [*store, *free, "--metrics-port", port], {}),
+            "broker-metrics-taken": ("trimq-broker", [*store("s2"), *free, "--metrics-port", port], {}),
             "namesrv-metrics-taken": ("trimq-namesrv", [*free, "--metrics-port", port], {}),
-            "broker-ha-taken": ("trimq-broker", [*store, *free], {"TRIMQ_BROKER_HA_LISTEN_PORT": port}),
+            "broker-ha-taken": ("trimq-broker", [*store("s3"), *free], {"TRIMQ_BROKER_HA_LISTEN_PORT": port}),
         }
         clean = {k: v for k, v in os.environ.items() if not k.startswith("TRIMQ_")}
         procs = {name: subprocess.Popen([str(BIN / tool), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -72,7 +72,7 @@ from trimq.protocol.message import (
 )
 from trimq.protocol.message_queue import MessageQueue
 from trimq.protocol.validation import SCHEDULE_TOPIC, InvalidNameError, check_topic, is_retry_topic
-from trimq.runtime.client import RemotingError
+from trimq.runtime.client import RemotingError, RemotingTimeoutError
 from trimq.runtime.logs import get_logger
 
 __all__ = ["Producer", "UniqIdGenerator", "validate_message", "with_sharding_key"]
@@ -311,7 +311,8 @@ class Producer:
             validate_message(msg, self.config.max_message_size)
             selector, arg = _BY_HASH, sharding_key
         if selector is not None or message_queue is not None:
-            info = await self._publish_info(client, msg.topic)
+            start = trio.current_time()
+            info = await self._publish_info_within(client, msg.topic, timeout)
             if message_queue is not None:
                 mq = message_queue
             else:
@@ -319,7 +320,10 @@ class Producer:
                 mq = self._select(info, selector, msg, arg)
             if message_queue is not None and mq.topic != msg.topic:
                 raise MQClientError(f"message queue {mq} is not a queue of topic {msg.topic!r}")
-            return await self._send_kernel(client, msg, mq, timeout, self._uniq_id_of(msg))
+            remaining = timeout - int((trio.current_time() - start) * 1000)
+            if remaining <= 0:  # (RocketMQ's sendSelectImpl: "call timeout")
+                raise RemotingTimeoutError(f"send timed out after {timeout} ms finding the route of {msg.topic!r}")
+            return await self._send_kernel(client, msg, mq, remaining, self._uniq_id_of(msg))
         # One unique key per send, kept by every retry (RocketMQ's setUniqID before sendKernelImpl): a message
         # stored twice because an answer was lost then shows one id twice, which consumers and the audit can tell.
         uniq = self._uniq_id_of(msg)
@@ -436,6 +440,14 @@ class Producer:
 
     # --- internals ----------------------------------------------------------------------------------
 
+    async def _publish_info_within(self, client: ClientInstance, topic: str, timeout_ms: int) -> TopicPublishInfo:
+        """``_publish_info`` within a send's timeout: a name server that does not answer (a paused process, an
+        address that drops packets) would otherwise hold the send for up to three route requests of 3 s each."""
+        with trio.move_on_after(timeout_ms / 1000):
+            return await self._publish_info(client, topic)
+        raise NoRouteError(topic, f"no name server ({';'.join(client.config.namesrv_addrs)}) answered within the "
+                                  f"send's timeout of {timeout_ms} ms")
+
     async def _publish_info(self, client: ClientInstance, topic: str) -> TopicPublishInfo:
         if not client.config.namesrv_addrs:
             raise NoRouteError(topic, "no name server address configured (namesrv_addr)")
@@ -470,8 +482,8 @@ class Producer:
         return mq
 
     async def _send_with_retries(self, client: ClientInstance, topic: str, attempt: Any, timeout: int) -> SendResult:
-        info = await self._publish_info(client, topic)
-        start = trio.current_time()
+        start = trio.current_time()  # the route's lookup counts too (RocketMQ's beginTimestampFirst)
+        info = await self._publish_info_within(client, topic, timeout)
         times_total = 1 + self.config.retry_times_when_send_failed
         last_broker: str | None = None
         attempts: list[tuple[object, BaseException]] = []

@@ -394,3 +394,28 @@ async def test_a_send_without_a_route_says_whether_the_name_server_answered(tmp_
                 await producer.send(Message(TOPIC, b"x"))
             assert "the name server does not know it" in str(raised.value)
             assert producer._client().route_fetch_errors == {}
+
+
+async def test_a_silent_name_server_holds_a_send_no_longer_than_its_timeout(autojump_clock: Any) -> None:
+    """A name server that accepts and never answers (a paused process) held a send of an unknown topic for three
+    route requests of 3 s each, 9 s for a send of timeout 3 s (found by hand). The lookup is inside the timeout
+    now, as in RocketMQ (beginTimestampFirst); virtual time (autojump) measures it."""
+    silent: list[trio.SocketStream] = []
+
+    async def never_answers(stream: trio.SocketStream) -> None:
+        silent.append(stream)
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, never_answers, 0)
+        addr = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        async with Producer(ProducerConfig(namesrv_addr=addr, producer_group="e2e_producer")) as producer:
+            for sharding_key in (None, "k"):  # round robin with retries, and a selected queue
+                began = trio.current_time()
+                with pytest.raises(NoRouteError) as raised:
+                    await producer.send(Message(TOPIC, b"x"), timeout_ms=2000, sharding_key=sharding_key)
+                assert 2.0 <= trio.current_time() - began < 2.5, sharding_key
+                assert str(raised.value) == (f"no route info of topic {TOPIC!r}: no name server ({addr}) answered "
+                                             "within the send's timeout of 2000 ms")
+        assert silent  # (the requests did reach it)
+        nursery.cancel_scope.cancel()

@@ -134,7 +134,8 @@ class ProducerConfig(ClientConfig):
     """``DefaultMQProducer``'s settings."""
 
     producer_group: str = setting(DEFAULT_PRODUCER_GROUP, "producer group name")
-    send_msg_timeout: int = setting(3_000, "timeout of one send, retries included", min=1, max=600_000)
+    send_msg_timeout: int = setting(3_000, "timeout of one send: finding the route and every retry included",
+                                    min=1, max=600_000)
     retry_times_when_send_failed: int = setting(2, "extra attempts (on another queue/broker) after a failed "
                                                 "non-selected send", min=0, max=100)
     retry_another_broker_when_not_store_ok: bool = setting(False, "also retry when the broker stored the "

@@ -1,6 +1,7 @@
-"""10,000 random and mutated frames at a running broker from 50 connections; it must keep answering and its
-store must be intact. Then, for every request code of protocol/codes.py, huge values in each of its documented
-fields and numbers just outside their Java type's range: each gets a clear, small error and the broker goes on.
+"""10,000 random and mutated frames at a running broker (with its embedded name server, so the name server's
+handlers get them too) from 50 connections; it must keep answering and its store must be intact. Then, for every
+request code of protocol/codes.py, huge values in each of its documented fields and numbers just outside their
+Java type's range: each gets a clear, small error and the broker goes on.
 
 The frames (seeded, so a failure is reproducible): well-formed frames of every real request code whose ext and
 body values have wrong types, missing or extra fields (most of them; each gets an answer); byte-level
@@ -201,8 +202,9 @@ async def read_back(rc: RemotingClient, addr: str) -> list[tuple[int, str, bytes
 
 async def test_broker_survives_fuzzed_frames(tmp_path: Path) -> None:
     frames = build_frames(SEED)
+    # embedded_namesrv: the name server's request codes reach handlers too, instead of REQUEST_CODE_NOT_SUPPORTED
     config = BrokerConfig(listen="127.0.0.1:0", store_dir=str(tmp_path / "store"), suspend_timeout_ms=200,
-                          shutdown_grace_ms=1000)
+                          shutdown_grace_ms=1000, embedded_namesrv=True)
     async with open_broker(config) as broker, RemotingClient() as rc:
         crashes, known = record_handler_crashes(broker)
         has_store = RequestCode.PULL_MESSAGE in broker.server.handlers

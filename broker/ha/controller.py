@@ -262,6 +262,12 @@ class HAController:
                         why="restarted: sends are refused until its name servers answer its registration")
         log.info("ha.role", role=self.role, broker_id=self.broker_id, master_epoch=self.master_epoch,
                  ha_port=self.config.ha_port)
+        if not self.is_master and not (self.config.namesrv_addr or self.config.ha_master_address
+                                       or self.config.embedded_namesrv):
+            # Not refused: a slave kept only to be promoted is a choice; but one that means to replicate never will.
+            log.warning("ha.no_master_source", role=self.role,
+                        why="a slave learns its master's HA address from its name servers (namesrv_addr) or "
+                            "ha_master_address; with neither it replicates nothing")
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

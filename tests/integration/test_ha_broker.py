@@ -520,3 +520,15 @@ async def test_runtime_info_shows_the_role_and_cli_flags_set_it(broker_factory: 
         ha = r.body["ha"]
         assert ha["brokerRole"] == "SYNC_MASTER" and ha["brokerId"] == 0 and ha["masterEpoch"] == 1
         assert ha["slaves"] == 0 and ha["haServerAddr"] == master.ha_controller.ha_server_addr
+
+
+async def test_a_slave_with_no_way_to_find_its_master_says_so(broker_factory: Callable[..., Any]) -> None:
+    """A slave started with neither name servers nor ha_master_address replicated nothing, silently (found by hand:
+    ``trimq-broker --role slave --broker-id 1``). It still starts (one kept only to be promoted is a choice)."""
+    from structlog.testing import capture_logs
+
+    for settings, warned in (({}, True), ({"ha_master_address": "127.0.0.1:1"}, False)):
+        with capture_logs() as logs:
+            async with broker_factory(broker_role="SLAVE", broker_id=1, **settings):
+                pass
+        assert any(e["event"] == "ha.no_master_source" for e in logs) is warned, settings

@@ -20,6 +20,7 @@ import click
 import trio
 
 from trimq.client.config import PushConsumerConfig
+from trimq.client.subscription import build_subscription_data
 from trimq.protocol.message import MessageExt
 from trimq.runtime.logs import configure_logging, get_logger
 from trimq.tools.common import CONTEXT, LOG_FORMATS, LOG_LEVELS, exit_on_error, fail, load_client_config, version_option
@@ -282,6 +283,10 @@ def main(namesrv_addr: str | None, consumer_group: str | None, topic: str, tags:
         check_topic(topic)
     except InvalidNameError as exc:
         fail("trimq-consumer", f"--topic {topic!r}: {exc}")
+    try:
+        build_subscription_data(topic, tags)
+    except ValueError as exc:
+        fail("trimq-consumer", f"--tags {tags!r}: {exc}")
     handler = load_handler(handler_spec) if handler_spec else None
     opts = ConsumerOptions(topic=topic, tags=tags, orderly=orderly, handler=handler, record=record,
                            record_fsync=record_fsync, exit_after_idle_s=exit_after_idle, quiet=quiet,

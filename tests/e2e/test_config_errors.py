@@ -174,6 +174,12 @@ def test_consumer_refuses_bad_configuration(tmp_path: Path) -> None:
               env={"TRIMQ_CLIENT_NAMESRV_ADDR": "127.0.0.1:1", "TRIMQ_CLIENT_SEND_MSG_TIMEOUT": "never"})
     assert out.returncode == 2, out.stderr
     assert "send_msg_timeout = 'never'" in out.stderr
+    # a tag expression that names no tag was a traceback (found by hand)
+    out = run("trimq-consumer", "--namesrv", "127.0.0.1:1", "--group", "g", "--topic", "T", "--tags", "||",
+              cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "trimq-consumer: --tags '||': subscription expression '||' names no tag; use '*' or 'TagA || TagB'"]
 
 
 def test_start_errors_name_the_store_and_the_address(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from trimq.client.admin import Admin, AdminError, BrokerNotNamedError, PartialFa
 from trimq.client.admin_results import BrokerFailure, StoredMessage, to_document
 from trimq.client.config import ClientConfig, ConfigError
 from trimq.client.errors import TrimqClientError
+from trimq.protocol.fields import JAVA_INT, JAVA_LONG, JAVA_RANGES
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic
 from trimq.runtime.client import RemotingError
 from trimq.tools import admin_format as fmt
@@ -159,6 +160,9 @@ def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> None
 _JSON = click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_json_flag,
                      help="Print one JSON document (same as trimq-admin --json).")
 _GROUP = click.option("-g", "--group", "group", required=True, help="Consumer group.")
+# What a broker's fields hold (Java int / long): a larger value could not even be encoded in the request.
+QUEUE_ID = click.IntRange(min=0, max=JAVA_RANGES[JAVA_INT][1])
+QUEUE_OFFSET = click.IntRange(min=0, max=JAVA_RANGES[JAVA_LONG][1])
 _TOPIC = click.option("-t", "--topic", "topic", required=True, help="Topic.")
 _BROKER = click.option("-b", "--broker", "broker", help="Broker name (when the topic is on several brokers).")
 
@@ -315,8 +319,8 @@ def consumer_reset_offset(group: str, topic: str, timestamp: str, force: bool, e
 @_JSON
 @_GROUP
 @_TOPIC
-@click.option("-q", "--queue", "queue_id", type=click.IntRange(min=0), required=True, help="Queue id.")
-@click.option("--offset", type=click.IntRange(min=0), required=True, help="Queue offset of the message to skip.")
+@click.option("-q", "--queue", "queue_id", type=QUEUE_ID, required=True, help="Queue id.")
+@click.option("--offset", type=QUEUE_OFFSET, required=True, help="Queue offset of the message to skip.")
 @_BROKER
 @click.option("--client", "client_id", help="The member to ask (default: the queue's holder).")
 def consumer_skip(group: str, topic: str, queue_id: int, offset: int, broker: str | None,
@@ -385,8 +389,8 @@ def message_group() -> None:
 @_JSON
 @click.option("--msg-id", "msg_id", help="Offset message id (the broker's msgId).")
 @click.option("-t", "--topic", "topic", help="Topic (with --queue and --offset).")
-@click.option("-q", "--queue", "queue_id", type=click.IntRange(min=0), help="Queue id.")
-@click.option("--offset", type=click.IntRange(min=0), help="Queue offset.")
+@click.option("-q", "--queue", "queue_id", type=QUEUE_ID, help="Queue id.")
+@click.option("--offset", type=QUEUE_OFFSET, help="Queue offset.")
 @_BROKER
 @click.option("--body-file", type=click.Path(dir_okay=False, writable=True), help="Also write the raw body here.")
 def message_show(msg_id: str | None, topic: str | None, queue_id: int | None, offset: int | None,
@@ -453,7 +457,8 @@ def broker_group() -> None:
 
 @broker_group.command(name="promote")
 @click.option("--broker-name", required=True, help="Broker name whose slave becomes its master.")
-@click.option("--broker-id", type=int, default=1, show_default=True, help="brokerId of the slave to promote.")
+@click.option("--broker-id", type=click.IntRange(min=1, max=1024), default=1, show_default=True,
+              help="brokerId of the slave to promote.")
 @click.option("--role", type=click.Choice(["ASYNC_MASTER", "SYNC_MASTER"]), default="ASYNC_MASTER",
               show_default=True, help="Role of the new master.")
 @click.option("--force", is_flag=True,

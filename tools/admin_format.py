@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from trimq.client.admin_results import PERM_INHERIT, PERM_READ, PERM_WRITE, perm_text
+from trimq.protocol.fields import JAVA_LONG, JAVA_RANGES
 
 __all__ = [
     "TimestampError",
@@ -106,6 +107,7 @@ _MQADMIN = re.compile(r"^(\d{4})-(\d{2})-(\d{2})#(\d{2}):(\d{2}):(\d{2}):(\d{3})
 
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+JAVA_LONG_MAX = JAVA_RANGES[JAVA_LONG][1]  # what a broker's timestamp field holds
 _MS = _dt.timedelta(milliseconds=1)
 
 
@@ -122,6 +124,13 @@ def parse_timestamp(text: str, *, now_ms: int, tz: _dt.tzinfo | None = None) -> 
     is epoch milliseconds. Times without a zone are in ``tz`` (default: this machine's local zone, as
     RocketMQ's tools). Raises :class:`TimestampError` naming the value and the accepted forms.
     """
+    ms = _parse_timestamp(text, now_ms, tz)
+    if not 0 <= ms <= JAVA_LONG_MAX:  # the brokers take a Java long: a larger one could not even be sent
+        raise TimestampError(f"{text!r} is {ms} epoch milliseconds, outside 0 .. {JAVA_LONG_MAX}")
+    return ms
+
+
+def _parse_timestamp(text: str, now_ms: int, tz: _dt.tzinfo | None) -> int:
     s = text.strip() if isinstance(text, str) else ""
     try:
         if not s:

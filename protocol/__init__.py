@@ -11,6 +11,7 @@ from trimq.protocol.errors import (
     NotAMapError,
     ProtocolError,
     RecordError,
+    UnencodableCommandError,
 )
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from trimq.protocol.message import Message, MessageConst, MessageExt, decode_properties, encode_properties
@@ -36,6 +37,7 @@ __all__ = [
     "RemotingCommand",
     "RequestCode",
     "ResponseCode",
+    "UnencodableCommandError",
     "decode_properties",
     "encode_frame",
     "encode_properties",

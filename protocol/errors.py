@@ -37,6 +37,11 @@ class FieldTypeError(ProtocolError):
     """A key holds a value of the wrong type (e.g. ``code`` is a string)."""
 
 
+class UnencodableCommandError(ValueError):
+    """A command holds a value msgpack cannot encode (an integer outside 64 bits, an object of no msgpack type):
+    raised by ``encode_frame`` naming the field, before anything is sent."""
+
+
 class RecordError(ValueError):
     """A commit-log record could not be decoded (bad magic, truncated, sizes that do not add up)."""
 

@@ -22,6 +22,7 @@ from trimq.protocol.errors import (
     MalformedPayloadError,
     MissingFieldError,
     NotAMapError,
+    UnencodableCommandError,
 )
 
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -30,11 +31,42 @@ LENGTH_PREFIX_BYTES = _LEN.size
 
 
 def encode_frame(cmd: RemotingCommand, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
-    """The frame bytes of ``cmd``. Raises FrameTooLargeError rather than emit a frame peers must reject."""
-    payload = msgpack.packb(cmd.to_map(), use_bin_type=True)
+    """The frame bytes of ``cmd``. Raises FrameTooLargeError rather than emit a frame peers must reject, and
+    UnencodableCommandError naming the field that msgpack cannot encode."""
+    try:
+        payload = msgpack.packb(cmd.to_map(), use_bin_type=True)
+    except (OverflowError, TypeError, ValueError) as exc:
+        what = "response" if cmd.is_response else "request"
+        raise UnencodableCommandError(f"{what} code {cmd.code} cannot be encoded: "
+                                      f"{_unencodable(cmd.to_map(), '') or exc}") from None
     if len(payload) > max_frame_bytes:
         raise FrameTooLargeError(len(payload), max_frame_bytes)
     return _LEN.pack(len(payload)) + payload
+
+
+_MSGPACK_INTS = (-(2**63), 2**64 - 1)
+
+
+def _unencodable(value: Any, path: str) -> str | None:
+    """Where in a command's map the first value msgpack cannot encode is, and why (None: not found)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str | bytes | float):
+        return None
+    if isinstance(value, int):
+        low, high = _MSGPACK_INTS
+        return None if low <= value <= high else f"{path} = {value} is outside msgpack's 64-bit integers"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _unencodable(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _unencodable(item, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    return f"{path} holds a {type(value).__name__}, which msgpack does not encode"
 
 
 def _int_field(m: dict[Any, Any], key: str, default: int | None) -> int:

@@ -21,6 +21,7 @@ from trimq.protocol import (
     NotAMapError,
     ProtocolError,
     RemotingCommand,
+    UnencodableCommandError,
     encode_frame,
 )
 
@@ -141,6 +142,22 @@ def test_oversized_length_is_rejected_before_any_payload_arrives() -> None:
 def test_encoder_refuses_frames_over_the_limit() -> None:
     with pytest.raises(FrameTooLargeError):
         encode_frame(RemotingCommand(code=1, body=b"x" * 2000), max_frame_bytes=1000)
+
+
+@pytest.mark.parametrize(("ext", "body", "said"), [
+    ({"queueOffset": 2**64}, None, "ext.queueOffset = 18446744073709551616 is outside msgpack's 64-bit integers"),
+    ({}, {"offsetTable": {"T@g": {"0": -(2**63) - 1}}},
+     "body.offsetTable.T@g.0 = -9223372036854775809 is outside msgpack's 64-bit integers"),
+    ({"ids": [1, {2, 3}]}, None, "ext.ids[1] holds a set, which msgpack does not encode"),
+])
+def test_encoder_names_the_value_msgpack_cannot_encode(ext: dict, body: object, said: str) -> None:
+    """It raised msgpack's bare OverflowError ("Integer value out of range"), found through trimq-admin
+    reset-offset with a 20-digit timestamp."""
+    with pytest.raises(UnencodableCommandError) as raised:
+        encode_frame(RemotingCommand.request(11, ext, body))
+    assert str(raised.value) == f"request code 11 cannot be encoded: {said}"
+    assert isinstance(raised.value, ValueError)
+    encode_frame(RemotingCommand.request(11, {"queueOffset": 2**64 - 1, "min": -(2**63)}))  # the edges do encode
 
 
 def test_response_helpers() -> None:

@@ -31,6 +31,7 @@ import trimq
 from trimq.client.admin import Admin, PartialFailure
 from trimq.client.admin_results import body_text, perm_text
 from trimq.client.errors import TrimqClientError
+from trimq.protocol.fields import JAVA_INT, JAVA_LONG, JAVA_RANGES
 from trimq.protocol.message import MessageConst
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic, dlq_topic
 from trimq.runtime.client import RemotingError
@@ -52,6 +53,7 @@ __all__ = ["Console", "ConsoleOptions", "Notice"]
 T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
+JAVA_INT_MAX, JAVA_LONG_MAX = JAVA_RANGES[JAVA_INT][1], JAVA_RANGES[JAVA_LONG][1]
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 NAV = [("/", "Cluster"), ("/topics", "Topics"), ("/groups", "Consumer groups"), ("/blocked", "Blocked queues"),
        ("/message", "Messages")]
@@ -136,13 +138,15 @@ def _topic_param(value: str | None, name: str = "topic") -> str:
         raise BadInput(str(exc)) from None
 
 
-def _int_param(value: str | None, name: str) -> int:
+def _int_param(value: str | None, name: str, highest: int) -> int:
     try:
         number = int(value or "")
     except ValueError:
         raise BadInput(f"{name} must be a whole number, not {value!r}") from None
     if number < 0:
         raise BadInput(f"{name} must not be negative")
+    if number > highest:  # a broker's field (Java int / long) could not hold it: the request could not be encoded
+        raise BadInput(f"{name} {number} is past the largest a broker takes ({highest})")
     return number
 
 
@@ -395,7 +399,8 @@ class Console:
         if topic:
             topic = _topic_param(topic)
         if "queue" in q and "offset" in q and topic:
-            queue_id, offset = _int_param(q.get("queue"), "queue"), _int_param(q.get("offset"), "offset")
+            queue_id = _int_param(q.get("queue"), "queue", JAVA_INT_MAX)
+            offset = _int_param(q.get("offset"), "offset", JAVA_LONG_MAX)
             broker = q.get("broker") or None
             stored, error = await self._ask(lambda: self.admin.message_at(topic, queue_id, offset, broker))
             context.update(message=self._message_view(stored), errors=[error] if error else [])
@@ -474,8 +479,8 @@ class Console:
         form = request.form
         group = _group_param(form.get("group"))
         topic = _topic_param(form.get("topic"))
-        queue_id = _int_param(form.get("queue"), "queue")
-        offset = _int_param(form.get("offset"), "offset")
+        queue_id = _int_param(form.get("queue"), "queue", JAVA_INT_MAX)
+        offset = _int_param(form.get("offset"), "offset", JAVA_LONG_MAX)
         broker = form.get("broker") or None
         client = form.get("client") or None
         result, error = await self._ask(lambda: self.admin.consumer_skip(group, topic, queue_id, offset, broker,

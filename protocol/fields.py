@@ -25,8 +25,8 @@ from trimq.protocol.codes import RequestCode as RC
 from trimq.protocol.codes import ResponseCode
 from trimq.protocol.errors import RequestError
 
-__all__ = ["BODY_FIELD_TYPES", "FIELD_TYPES", "JAVA_INT", "JAVA_LONG", "JAVA_RANGES", "check_field_ranges",
-           "flag_field", "int_field", "str_field"]
+__all__ = ["BODY_FIELD_TYPES", "FIELD_TYPES", "JAVA_INT", "JAVA_INT_MAX", "JAVA_LONG", "JAVA_LONG_MAX", "JAVA_RANGES",
+           "check_field_ranges", "flag_field", "int_field", "str_field"]
 
 JAVA_INT = "int"
 JAVA_LONG = "long"
@@ -35,6 +35,8 @@ JAVA_RANGES: dict[str, tuple[int, int]] = {
     JAVA_INT: (-(2**31), 2**31 - 1),
     JAVA_LONG: (-(2**63), 2**63 - 1),
 }
+JAVA_INT_MAX = JAVA_RANGES[JAVA_INT][1]
+JAVA_LONG_MAX = JAVA_RANGES[JAVA_LONG][1]
 _BITS = {JAVA_INT: 32, JAVA_LONG: 64}
 
 INT, LONG = JAVA_INT, JAVA_LONG  # short names for the tables below

@@ -28,7 +28,7 @@ from trimq.client.admin import Admin, AdminError, BrokerNotNamedError, PartialFa
 from trimq.client.admin_results import BrokerFailure, StoredMessage, to_document
 from trimq.client.config import ClientConfig, ConfigError
 from trimq.client.errors import TrimqClientError
-from trimq.protocol.fields import JAVA_INT, JAVA_LONG, JAVA_RANGES
+from trimq.protocol.fields import JAVA_INT_MAX, JAVA_LONG_MAX
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic
 from trimq.runtime.client import RemotingError
 from trimq.tools import admin_format as fmt
@@ -161,8 +161,8 @@ _JSON = click.option("--json", "as_json", is_flag=True, expose_value=False, call
                      help="Print one JSON document (same as trimq-admin --json).")
 _GROUP = click.option("-g", "--group", "group", required=True, help="Consumer group.")
 # What a broker's fields hold (Java int / long): a larger value could not even be encoded in the request.
-QUEUE_ID = click.IntRange(min=0, max=JAVA_RANGES[JAVA_INT][1])
-QUEUE_OFFSET = click.IntRange(min=0, max=JAVA_RANGES[JAVA_LONG][1])
+QUEUE_ID = click.IntRange(min=0, max=JAVA_INT_MAX)
+QUEUE_OFFSET = click.IntRange(min=0, max=JAVA_LONG_MAX)
 _TOPIC = click.option("-t", "--topic", "topic", required=True, help="Topic.")
 _BROKER = click.option("-b", "--broker", "broker", help="Broker name (when the topic is on several brokers).")
 

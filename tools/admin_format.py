@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from trimq.client.admin_results import PERM_INHERIT, PERM_READ, PERM_WRITE, perm_text
-from trimq.protocol.fields import JAVA_LONG, JAVA_RANGES
+from trimq.protocol.fields import JAVA_LONG_MAX
 
 __all__ = [
     "TimestampError",
@@ -107,7 +107,6 @@ _MQADMIN = re.compile(r"^(\d{4})-(\d{2})-(\d{2})#(\d{2}):(\d{2}):(\d{2}):(\d{3})
 
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
-JAVA_LONG_MAX = JAVA_RANGES[JAVA_LONG][1]  # what a broker's timestamp field holds
 _MS = _dt.timedelta(milliseconds=1)
 
 

@@ -31,7 +31,7 @@ import trimq
 from trimq.client.admin import Admin, PartialFailure
 from trimq.client.admin_results import body_text, perm_text
 from trimq.client.errors import TrimqClientError
-from trimq.protocol.fields import JAVA_INT, JAVA_LONG, JAVA_RANGES
+from trimq.protocol.fields import JAVA_INT_MAX, JAVA_LONG_MAX
 from trimq.protocol.message import MessageConst
 from trimq.protocol.validation import InvalidNameError, check_group, check_topic, dlq_topic
 from trimq.runtime.client import RemotingError
@@ -53,7 +53,6 @@ __all__ = ["Console", "ConsoleOptions", "Notice"]
 T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
-JAVA_INT_MAX, JAVA_LONG_MAX = JAVA_RANGES[JAVA_INT][1], JAVA_RANGES[JAVA_LONG][1]
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 NAV = [("/", "Cluster"), ("/topics", "Topics"), ("/groups", "Consumer groups"), ("/blocked", "Blocked queues"),
        ("/message", "Messages")]

@@ -32,7 +32,8 @@ from typing import Any
 
 from trimq.broker.store.atomic import StateFileError, read_json, write_json_atomic
 
-__all__ = ["BrokerEpochError", "BrokerEpochStore", "EpochStart", "epoch_file_path", "promotion_floor"]
+__all__ = ["BrokerEpochError", "BrokerEpochFileError", "BrokerEpochStore", "EpochStart", "epoch_file_path",
+           "promotion_floor"]
 
 #: Broker epochs fit the high 31 bits of a non-negative int64 fencing epoch.
 MAX_BROKER_EPOCH = 2**31 - 1
@@ -48,8 +49,12 @@ def promotion_floor(master_epoch: int) -> int:
     return floor if 0 < floor <= MAX_BROKER_EPOCH else 0
 
 
-class BrokerEpochError(StateFileError):
-    """The epoch file exists but does not hold a broker epoch."""
+class BrokerEpochError(ValueError):
+    """A broker epoch that cannot be used: the file's, one that cannot grow any more, or a master's out of range."""
+
+
+class BrokerEpochFileError(BrokerEpochError, StateFileError):
+    """The epoch file exists but does not hold a broker epoch (the broker does not start: StateFileError)."""
 
 
 def epoch_file_path(store_dir: str) -> str:
@@ -91,7 +96,7 @@ class BrokerEpochStore:
         longest = data.get("maxTakeoverMs", 0) if isinstance(data, dict) else None
         for name, value in (("brokerEpoch", epoch), ("maxTakeoverMs", longest)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise BrokerEpochError(f"{self.path}: {name} must be a non-negative integer, got {value!r}")
+                raise BrokerEpochFileError(f"{self.path}: {name} must be a non-negative integer, got {value!r}")
         assert isinstance(data, dict)
         return data
 

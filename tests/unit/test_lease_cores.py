@@ -392,3 +392,20 @@ def test_broadcasting_orderly_members_keep_rocketmqs_membership_rules() -> None:
     cm.heartbeat(stub_conn(), parse_heartbeat(body))
     clock.now += 60_000
     assert cm.scan_leases() == [] and cm.get_consumer_ids(G) == ["b"]
+
+
+def test_a_bad_epoch_file_stops_the_start_and_a_bad_masters_epoch_does_not_read_as_one(tmp_path: Path) -> None:
+    """The file's error is a StateFileError (trimq-broker: ``cannot start: FILE: ...``); a master's epoch out of range
+    met at a handshake is not about this broker's files."""
+    from trimq.broker.store.atomic import StateFileError
+
+    path = epoch_file_path(str(tmp_path))
+    Path(path).parent.mkdir(parents=True)
+    Path(path).write_text('{"brokerEpoch": -1}')
+    with pytest.raises(StateFileError, match="brokerEpoch must be a non-negative integer"):
+        BrokerEpochStore(path).begin(2_400)
+    store = BrokerEpochStore(epoch_file_path(str(tmp_path / "other")))
+    store.begin(2_400)
+    with pytest.raises(BrokerEpochError) as raised:
+        store.raise_to(2**31)
+    assert not isinstance(raised.value, StateFileError)

@@ -49,7 +49,7 @@ _MSGPACK_INTS = (-(2**63), 2**64 - 1)
 
 def _unencodable(value: Any, path: str) -> str | None:
     """Where in a command's map the first value msgpack cannot encode is, and why (None: not found)."""
-    if isinstance(value, bool) or value is None or isinstance(value, str | bytes | float):
+    if isinstance(value, bool) or value is None or isinstance(value, str | bytes | bytearray | memoryview | float):
         return None
     if isinstance(value, int):
         low, high = _MSGPACK_INTS

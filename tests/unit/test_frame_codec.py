@@ -160,6 +160,13 @@ def test_encoder_names_the_value_msgpack_cannot_encode(ext: dict, body: object, 
     encode_frame(RemotingCommand.request(11, {"queueOffset": 2**64 - 1, "min": -(2**63)}))  # the edges do encode
 
 
+def test_a_bytes_like_value_is_not_blamed_for_another_fields_value() -> None:
+    """msgpack encodes bytearray and memoryview: the field at fault is the integer after them."""
+    cmd = RemotingCommand.request(11, {"key": bytearray(b"k"), "view": memoryview(b"v"), "queueOffset": 2**64})
+    with pytest.raises(UnencodableCommandError, match=r": ext\.queueOffset = 18446744073709551616"):
+        encode_frame(cmd)
+
+
 def test_response_helpers() -> None:
     req = RemotingCommand.request(10, {"topic": "T"}, b"b")
     req.opaque = 5

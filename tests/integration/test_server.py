@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -175,13 +176,17 @@ async def test_connect_error_is_specific() -> None:
 @pytest.mark.parametrize(("answer", "reason"), [
     (b"", "the peer closed it"),
     (b"\x00\x00\x00\x08garbage!", "the peer sent what is not a trimq frame (frame payload is not one msgpack value"),
+    (None, "it broke (socket connection broken: [Errno 104] Connection reset by peer)"),
 ])
-async def test_a_connection_lost_while_waiting_says_why(answer: bytes, reason: str) -> None:
-    """A peer that closes the connection, or answers with what is not a frame, was "closed while waiting" for
-    both: the waiting request now says which (found by hand, a name server address that was something else)."""
+async def test_a_connection_lost_while_waiting_says_why(answer: bytes | None, reason: str) -> None:
+    """A peer that closes the connection, answers with what is not a frame or resets it was "closed while waiting"
+    for all three: the waiting request now says which (found by hand, a name server address that was something
+    else). ``None``: the peer resets (SO_LINGER 0)."""
     async def peer(stream: trio.SocketStream) -> None:
         await stream.receive_some(65536)
-        if answer:
+        if answer is None:
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        elif answer:
             await stream.send_all(answer)
         await stream.aclose()
 

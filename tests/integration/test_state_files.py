@@ -53,3 +53,23 @@ def test_trimq_broker_says_it_in_one_line(tmp_path: Path) -> None:
     assert out.returncode == 1, out.stderr
     assert out.stderr.strip().splitlines() == [
         f"trimq-broker: cannot start: {offsets}: not valid JSON (Expecting value: line 1 column 1 (char 0))"]
+
+
+@pytest.mark.parametrize("content", [b"[]\n", b"7\n"], ids=["a-list", "a-number"])
+async def test_a_state_file_of_the_wrong_kind_is_a_start_error_naming_it(tmp_path: Path, content: bytes) -> None:
+    """Valid JSON that is not a map (each loader's own check): what trimq-broker reports in one line
+    (``start_error``, the CLI's own test), naming the file, and the file is left as it was."""
+    from trimq.tools.common import start_error
+
+    for name in STATE_FILES:
+        store = tmp_path / name
+        (store / "config").mkdir(parents=True)
+        path = store / "config" / name
+        path.write_bytes(content)
+        with pytest.raises(BaseException) as raised:
+            async with open_broker(BrokerConfig(listen="127.0.0.1:0", store_dir=str(store), **SMALL_STORE)):
+                pass
+        error = start_error(raised.value)
+        assert error is not None, (name, repr(leaf(raised.value)))
+        assert str(error).startswith(f"{path}: "), (name, str(error))
+        assert path.read_bytes() == content, name

@@ -160,11 +160,11 @@ def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> None
 _JSON = click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_json_flag,
                      help="Print one JSON document (same as trimq-admin --json).")
 _GROUP = click.option("-g", "--group", "group", required=True, help="Consumer group.")
+_TOPIC = click.option("-t", "--topic", "topic", required=True, help="Topic.")
+_BROKER = click.option("-b", "--broker", "broker", help="Broker name (when the topic is on several brokers).")
 # What a broker's fields hold (Java int / long): a larger value could not even be encoded in the request.
 QUEUE_ID = click.IntRange(min=0, max=JAVA_INT_MAX)
 QUEUE_OFFSET = click.IntRange(min=0, max=JAVA_LONG_MAX)
-_TOPIC = click.option("-t", "--topic", "topic", required=True, help="Topic.")
-_BROKER = click.option("-b", "--broker", "broker", help="Broker name (when the topic is on several brokers).")
 
 
 # --- topic -------------------------------------------------------------------------------------------------

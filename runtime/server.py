@@ -48,6 +48,7 @@ from trimq.protocol.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from trimq.protocol.errors import ProtocolError, RequestError
 from trimq.protocol.fields import check_field_ranges
 from trimq.protocol.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from trimq.runtime.daemon import listen_tcp
 from trimq.runtime.logs import RateLimiter, get_logger, log_rate_limited
 from trimq.runtime.tls import tls_listeners
 
@@ -663,7 +664,7 @@ class RemotingServer:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """Listen on ``host:port`` (TLS with ``ssl_context``) and serve until ``shutdown()`` or cancellation."""
-        listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
+        listeners = await listen_tcp(host, port)
         if ssl_context is not None:
             listeners = tls_listeners(listeners, ssl_context)
         await self.serve_listeners(listeners, task_status=task_status)

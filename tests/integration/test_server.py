@@ -499,3 +499,13 @@ async def test_one_budget_for_all_answers_pauses_peers_that_never_read_then_clos
         assert 0 < server.peak_pending_write_bytes <= bound, (server.peak_pending_write_bytes, bound)
         assert server.pending_write_bytes == 0 and not server._paused
         server.shutdown()
+
+
+async def test_serve_on_a_taken_port_names_the_address() -> None:
+    """RemotingServer.serve opens its listener as the daemons do (runtime.daemon.listen_tcp)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"^\[Errno 98\] cannot listen on 127.0.0.1:{port}: Address already in use$"):
+            await RemotingServer().serve("127.0.0.1", port)
